@@ -1,0 +1,73 @@
+"""Process-wide bookkeeping shared by every iterator: live worker groups, SIGCHLD, inherited fds.
+
+``SIGCHLD`` is the second line of defence: the main process already waits on every worker's
+sentinel, so a death is seen at once whenever it is waiting.  The handler only wakes a waiting
+iterator (and chains any previous handler); unlike torch's, it never raises from inside whatever
+code the main thread happens to be running.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import weakref
+from typing import Any
+
+_groups: weakref.WeakSet[Any] = weakref.WeakSet()
+_main_side_fds: set[int] = set()
+_lock = threading.Lock()
+_previous_handler: Any = None
+_handler_installed = False
+
+
+def register(group: Any) -> None:
+    with _lock:
+        _groups.add(group)
+    _install_sigchld_handler()
+
+
+def unregister(group: Any) -> None:
+    with _lock:
+        _groups.discard(group)
+
+
+def live_groups() -> list[Any]:
+    with _lock:
+        return list(_groups)
+
+
+def add_main_side_fds(*fds: int) -> None:
+    with _lock:
+        _main_side_fds.update(fds)
+
+
+def remove_main_side_fds(*fds: int) -> None:
+    with _lock:
+        _main_side_fds.difference_update(fds)
+
+
+def main_side_fds() -> tuple[int, ...]:
+    """fds a forked worker must close: the main-process ends of every other worker's pipes."""
+    with _lock:
+        return tuple(sorted(_main_side_fds))
+
+
+def _on_sigchld(signum: int, frame: Any) -> None:
+    for group in live_groups():
+        group.note_child_exit()
+    previous = _previous_handler
+    if callable(previous):
+        previous(signum, frame)
+
+
+def _install_sigchld_handler() -> None:
+    global _handler_installed, _previous_handler
+    if _handler_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGCHLD)
+    if previous is _on_sigchld:
+        _handler_installed = True
+        return
+    _previous_handler = previous if callable(previous) else None
+    signal.signal(signal.SIGCHLD, _on_sigchld)
+    _handler_installed = True

@@ -1,0 +1,293 @@
+"""The multi-process iterator.
+
+    main process                                         worker k
+    ------------                                         --------
+    sampler -> Task(epoch, task_id, indices) --task pipe k--> fetch -> collate -> encode
+    task table: task_id -> worker, state     <--result pipe k-- TaskDone(task_id, payload | error)
+    one poll(2) over result pipes + sentinels                   IterableExhausted(task_id)
+    in order: deliver task_id == next; else as they arrive
+    decode payload -> batch (views on shared memory)
+    a view's last reference dies -> Release(block) --task pipe k--> block back to k's pool
+
+``prefetch_factor * num_workers`` tasks are in flight (dispatched and not yet delivered); each
+delivered batch dispatches one more, exactly when torch does, so that the same sampler, generator
+and settings give the same batches in the same order.  ``__next__`` reads as the steps it takes:
+deliver what is ready, else end the epoch if nothing can come, else wait and handle what arrives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from mploader._base import BaseIterator, pin_batch
+from mploader._death import worker_died_error
+from mploader._messages import IterableExhausted, Resume, Task, TaskDone, WorkerReady
+from mploader._plain_channel import make_main_channel
+from mploader._reorder import TaskEntry, TaskTable
+from mploader._settings import LoaderSettings
+from mploader._workers import BUSY, EXHAUSTED, READY, Event, WorkerGroup
+from mploader.worker.spec import WorkerSpec
+
+_log = logging.getLogger("mploader")
+_iterator_numbers = itertools.count()
+
+
+class MultiProcessIterator(BaseIterator):
+    def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        super().__init__(loader, settings)
+        self._prefetch_factor = settings.prefetch_factor
+        self._in_order = settings.in_order
+        self._epoch = 0
+        self._table = TaskTable(settings.in_order)
+        self._tag = f"{os.getpid()}-{next(_iterator_numbers)}"
+        self._exhausted = [False] * self._num_workers
+        self._worker_cycle = itertools.cycle(range(self._num_workers))
+        self._shutdown = False
+        self._pinning: ThreadPoolExecutor | None = None
+        if settings.shared_memory is not None:
+            from mploader.shm import sweep_orphans
+
+            sweep_orphans()
+        context = _resolve_context(settings.multiprocessing_context)
+        self._group = WorkerGroup(self._make_spec, context, self._num_workers)
+        self._channel = make_main_channel(
+            settings.shared_memory, self._tag, self._group.queue_release
+        )
+        if self._pin_memory:
+            self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
+        self._finalizer = weakref.finalize(
+            self, _shut_down, self._group, self._channel, self._pinning
+        )
+        self._reset(loader, first_iter=True)
+
+    def _make_spec(self, worker_id: int, inherited_fds: tuple[int, ...]) -> WorkerSpec:
+        settings = self._loader_settings
+        return WorkerSpec(
+            worker_id=worker_id,
+            num_workers=self._num_workers,
+            dataset=self._dataset,
+            is_iterable=self._is_iterable,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            uses_default_collate=settings.uses_default_collate,
+            drop_last=self._drop_last,
+            base_seed=self._base_seed,
+            worker_init_fn=settings.worker_init_fn,
+            hooks=settings.worker_hooks,
+            shared_memory=settings.shared_memory,
+            loader_tag=self._tag,
+            parent_pid=os.getpid(),
+            epoch=self._epoch,
+            inherited_fds_to_close=inherited_fds,
+        )
+
+    # -- what code that reaches in expects (Lightning, tests) ------------------------------------
+
+    @property
+    def _workers(self) -> list[Any]:
+        return self._group.processes
+
+    def _shutdown_workers(self) -> None:
+        self._shutdown = True
+        self._finalizer()
+
+    # -- epochs ----------------------------------------------------------------------------------
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        if not first_iter:
+            self._epoch += 1
+            for entry in self._table.reset():
+                self._discard_entry(entry)
+            for worker_id in range(self._num_workers):
+                self._group.send(worker_id, Resume(self._epoch))
+        self._exhausted = [False] * self._num_workers
+        self._worker_cycle = itertools.cycle(range(self._num_workers))
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._dispatch_one()
+
+    def _dispatch_one(self) -> None:
+        """torch's ``_try_put_index``: draw the next indices and give them to a worker."""
+        try:
+            indices = self._next_index()
+        except StopIteration:
+            return
+        worker_id = self._choose_worker()
+        if worker_id is None:
+            return
+        task_id = self._table.add(worker_id, indices)
+        self._group.send(worker_id, Task(self._epoch, task_id, indices))
+        self._group.handles[worker_id].state = BUSY
+
+    def _choose_worker(self) -> int | None:
+        active = [w for w in range(self._num_workers) if not self._exhausted[w]]
+        if not active:
+            return None
+        if self._in_order:  # round robin over active workers: batch i from worker i % n
+            for _ in range(self._num_workers):
+                worker_id = next(self._worker_cycle)
+                if not self._exhausted[worker_id]:
+                    return worker_id
+            return None
+        return min(active, key=self._table.pending_count)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _next_data(self) -> Any:
+        if self._shutdown:
+            raise StopIteration
+        try:
+            return self._next_batch()
+        except StopIteration:
+            raise
+        except BaseException as error:
+            if isinstance(error, _TaskError):
+                raise error.error from error.error.__cause__
+            self._shutdown_workers()  # timeout, dead worker, KeyboardInterrupt, bug
+            raise
+
+    def _next_batch(self) -> Any:
+        deadline = self._new_deadline()
+        while True:
+            entry = self._table.pop_ready()
+            if entry is not None:
+                return self._deliver(entry)
+            if self._table.pending_count() == 0:
+                self._end_epoch()
+            events = self._group.wait(self._remaining(deadline))
+            if not events and deadline is not None and time.monotonic() >= deadline:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            if events:
+                deadline = self._new_deadline()
+            for event in events:
+                self._handle(event)
+
+    def _new_deadline(self) -> float | None:
+        return time.monotonic() + self._timeout if self._timeout > 0 else None
+
+    @staticmethod
+    def _remaining(deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _end_epoch(self) -> None:
+        if not self._persistent_workers:
+            self._shutdown_workers()
+        raise StopIteration
+
+    def _handle(self, event: Event) -> None:
+        if event.ended:
+            self._on_worker_end(event.worker_id)
+            return
+        message = event.message
+        handle = self._group.handles[event.worker_id]
+        if isinstance(message, WorkerReady):
+            handle.state = READY
+        elif isinstance(message, TaskDone):
+            self._on_task_done(message, event.payload)
+        elif isinstance(message, IterableExhausted) and message.epoch == self._epoch:
+            self._on_exhausted(message)
+
+    def _on_task_done(self, message: TaskDone, payload: bytes | None) -> None:
+        handle = self._group.handles[message.worker_id]
+        handle.tasks_done += 1
+        if self._table.pending_count(message.worker_id) <= 1:
+            handle.state = READY
+        result = _Arrived(message, payload)
+        if message.epoch != self._epoch or not self._table.arrive(message.task_id, result):
+            self._discard(message.worker_id, payload)
+            return
+        if self._pinning is not None and message.error is None:
+            result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
+
+    def _on_exhausted(self, message: IterableExhausted) -> None:
+        worker_id = message.worker_id
+        self._exhausted[worker_id] = True
+        self._group.handles[worker_id].state = EXHAUSTED
+        for entry in self._table.pending_of(worker_id):
+            self._table.skip(entry.task_id)  # the worker ignores the rest of its tasks
+        self._dispatch_one()
+
+    def _on_worker_end(self, worker_id: int) -> None:
+        handle = self._group.handles[worker_id]
+        self._channel.forget_worker(worker_id, handle.pid)
+        held = self._table.pending_of(worker_id)
+        if self._exhausted[worker_id] and not held:
+            return  # its part of the epoch was over; nothing is lost
+        raise worker_died_error(
+            worker_id=worker_id,
+            pid=handle.pid,
+            exitcode=handle.process.exitcode,
+            held=[(entry.task_id, entry.indices) for entry in held],
+            oom_kills_before=self._group.oom_kills_at_start,
+        )
+
+    def _deliver(self, entry: TaskEntry) -> Any:
+        arrived: _Arrived = entry.result
+        self._dispatch_one()  # refill before returning, as torch does
+        message = arrived.message
+        if message.error is not None:
+            raise _TaskError(message.error.rebuild())
+        if arrived.pinned is not None:
+            return arrived.pinned.result()
+        return self._channel.decode(message.worker_id, arrived.payload)
+
+    def _decode_and_pin(self, worker_id: int, payload: bytes) -> Any:
+        return pin_batch(self._channel.decode(worker_id, payload), self._pin_memory_device)
+
+    def _discard_entry(self, entry: TaskEntry) -> None:
+        if isinstance(entry.result, _Arrived):
+            self._discard(entry.result.message.worker_id, entry.result.payload)
+
+    def _discard(self, worker_id: int, payload: bytes | None) -> None:
+        if payload is not None:
+            self._channel.discard(worker_id, payload)
+
+    def __del__(self) -> None:
+        pass  # shutdown is the finalizer's job (weakref.finalize), never __del__'s
+
+
+class _TaskError(Exception):
+    """A worker's exception on its way out of ``__next__``; the iterator stays usable."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Arrived:
+    __slots__ = ("message", "payload", "pinned")
+
+    def __init__(self, message: TaskDone, payload: bytes | None) -> None:
+        self.message = message
+        self.payload = payload
+        self.pinned: Future[Any] | None = None
+
+
+def _resolve_context(context: Any) -> Any:
+    if context is None:
+        return multiprocessing.get_context()
+    if isinstance(context, str):
+        return multiprocessing.get_context(context)
+    return context
+
+
+def _shut_down(group: WorkerGroup, channel: Any, pinning: ThreadPoolExecutor | None) -> None:
+    def discard(event: Event) -> None:
+        if isinstance(event.message, TaskDone) and event.payload is not None:
+            channel.discard(event.worker_id, event.payload)
+
+    try:
+        group.shutdown(discard)
+    finally:
+        for handle in group.handles:
+            channel.forget_worker(handle.worker_id, handle.pid)
+        channel.close()
+        if pinning is not None:
+            pinning.shutdown(wait=False)

@@ -1,0 +1,171 @@
+"""Pipes between the main process and one worker, and the main process's single wait.
+
+The main process never blocks on a write: task frames go out through :class:`TaskWriter`, which
+writes what the pipe takes and keeps the rest until the pipe is writable again.  (A blocking write
+could deadlock: the main process stuck writing tasks to a worker that is itself stuck writing a big
+result the main process is not reading.)  Frames use ``multiprocessing.connection``'s framing, so
+the worker reads them with a plain ``Connection``.
+
+:class:`Waiter` is one ``poll(2)`` over every result pipe, every worker's sentinel (readable when the
+process ends), a wake-up pipe, and the task pipes that have frames waiting: a dead worker is seen at
+once, without a polling interval.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pickle
+import select
+import struct
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+# Larger pipe buffers let a worker finish writing a medium result without waiting for the main
+# process to read, and let many prefetched task frames sit in the pipe.  1 MiB is the default
+# ceiling of /proc/sys/fs/pipe-max-size for unprivileged processes.
+PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def make_pipe() -> tuple[Connection, Connection]:
+    """A one-way pipe as (reader, writer) Connections, with a larger buffer where allowed."""
+    read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(write_fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass  # a smaller buffer is only slower
+    return Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` with ``multiprocessing.connection``'s length header."""
+    size = len(payload)
+    if size > 0x7FFFFFFF:
+        return struct.pack("!i", -1) + struct.pack("!Q", size) + payload
+    return struct.pack("!i", size) + payload
+
+
+def dumps(message: Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class TaskWriter:
+    """The main process's non-blocking end of a worker's task pipe."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.fd = connection.fileno()
+        os.set_blocking(self.fd, False)
+        self._pending: deque[memoryview] = deque()
+        self.broken = False
+
+    def send(self, message: Any) -> None:
+        if self.broken:
+            return
+        self._pending.append(memoryview(frame(dumps(message))))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write what the pipe takes; True when nothing is left waiting."""
+        while self._pending and not self.broken:
+            chunk = self._pending[0]
+            try:
+                written = os.write(self.fd, chunk)
+            except BlockingIOError:
+                return False
+            except OSError as error:
+                if error.errno in (errno.EPIPE, errno.EBADF):
+                    self.broken = True  # the worker is gone; its sentinel tells the story
+                    self._pending.clear()
+                    return True
+                raise
+            if written == len(chunk):
+                self._pending.popleft()
+            else:
+                self._pending[0] = chunk[written:]
+        return True
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def close(self) -> None:
+        self._pending.clear()
+        self.connection.close()
+
+
+class Waiter:
+    """One ``poll(2)`` over result pipes, sentinels, the wake-up pipe and blocked task pipes."""
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._read_fds: set[int] = set()
+        self._write_fds: set[int] = set()
+        self.wakeup_read, self.wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup_read, False)
+        os.set_blocking(self.wakeup_write, False)
+        self.watch_readable(self.wakeup_read)
+
+    def watch_readable(self, fd: int) -> None:
+        self._read_fds.add(fd)
+        self._update(fd)
+
+    def unwatch(self, fd: int) -> None:
+        self._read_fds.discard(fd)
+        self._write_fds.discard(fd)
+        try:
+            self._poll.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def watch_writable(self, fd: int, enabled: bool) -> None:
+        if enabled == (fd in self._write_fds):
+            return
+        if enabled:
+            self._write_fds.add(fd)
+        else:
+            self._write_fds.discard(fd)
+        self._update(fd)
+
+    def _update(self, fd: int) -> None:
+        mask = 0
+        if fd in self._read_fds:
+            mask |= select.POLLIN
+        if fd in self._write_fds:
+            mask |= select.POLLOUT
+        if mask:
+            self._poll.register(fd, mask)
+        else:
+            self.unwatch(fd)
+
+    def wait(self, timeout: float | None) -> list[tuple[int, int]]:
+        """Ready (fd, event mask) pairs; empty on timeout.  ``None`` waits forever."""
+        milliseconds = None if timeout is None else max(0, int(timeout * 1000))
+        events = self._poll.poll(milliseconds)
+        if any(fd == self.wakeup_read for fd, _ in events):
+            self._drain_wakeups()
+        return [(fd, mask) for fd, mask in events if fd != self.wakeup_read]
+
+    def wake(self) -> None:
+        """Make a blocked ``wait`` return; safe from signal handlers, finalizers, other threads."""
+        try:
+            os.write(self.wakeup_write, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already woken, or closing
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wakeup_read, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self.wakeup_read, self.wakeup_write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

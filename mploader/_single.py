@@ -1,0 +1,47 @@
+"""``num_workers=0``: everything in the main process; the reference semantics.
+
+Worker hooks run here too (setup when iteration starts, the session closed and ``teardown`` run
+when it ends or the iterator is dropped), so a dataset that calls ``mploader.worker_session()``
+works unchanged with and without workers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from mploader._base import BaseIterator, pin_batch
+from mploader._settings import LoaderSettings
+from mploader.worker.fetch import make_fetcher
+from mploader.worker.hooks import activate_hooks, deactivate_hooks
+from mploader.worker.info import make_worker_info
+
+
+class SingleProcessIterator(BaseIterator):
+    def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        super().__init__(loader, settings)
+        self._hooks_active = False
+        if settings.worker_hooks is not None:
+            info = make_worker_info(0, 1, self._base_seed, self._dataset)
+            activate_hooks(settings.worker_hooks, info)
+            self._hooks_active = True
+            self._finalizer = weakref.finalize(self, deactivate_hooks)
+        self._fetcher = make_fetcher(
+            self._dataset, self._is_iterable, self._auto_collation, self._drop_last
+        )
+
+    def _next_data(self) -> Any:
+        try:
+            indices = self._next_index()
+            data = self._collate_fn(self._fetcher.fetch(indices))
+        except StopIteration:
+            self._close_hooks()
+            raise
+        if self._pin_memory:
+            data = pin_batch(data, self._pin_memory_device)
+        return data
+
+    def _close_hooks(self) -> None:
+        if self._hooks_active:
+            self._hooks_active = False
+            self._finalizer()

@@ -1,0 +1,282 @@
+"""The worker processes of one iterator: start, talk, watch, stop.
+
+This object holds everything that must be cleaned up, and nothing that refers back to the
+iterator, so a ``weakref.finalize`` on the iterator can shut it down when the iterator is
+garbage-collected or the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from mploader import _lifecycle
+from mploader._messages import Release, Stop
+from mploader._pipes import TaskWriter, Waiter, make_pipe
+from mploader.worker.loop import worker_main
+from mploader.worker.spec import WorkerSpec
+
+_log = logging.getLogger("mploader")
+
+# One deadline for all workers to exit after being asked, then stragglers get SIGTERM, then,
+# after TERMINATE_GRACE_SECONDS more, SIGKILL.  Workers finish their current task before exiting,
+# so the deadline bounds how long a slow __getitem__ can delay shutdown.
+SHUTDOWN_DEADLINE_SECONDS = 5.0
+TERMINATE_GRACE_SECONDS = 1.0
+
+STARTING, READY, BUSY, EXHAUSTED, STOPPING, EXITED, CRASHED = (
+    "starting",
+    "ready",
+    "busy",
+    "exhausted",
+    "stopping",
+    "exited",
+    "crashed",
+)
+
+
+@dataclass
+class WorkerHandle:
+    worker_id: int
+    process: Any
+    writer: TaskWriter
+    reader: Connection
+    sentinel: int
+    state: str = STARTING
+    pid: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    tasks_done: int = 0
+    reader_open: bool = True
+    ended: bool = False  # the process is gone and has been reaped
+
+
+@dataclass
+class Event:
+    """One thing that happened: a message from a worker, or a worker's end."""
+
+    worker_id: int
+    message: Any = None
+    payload: bytes | None = None
+    ended: bool = False
+
+
+class WorkerGroup:
+    def __init__(self, make_spec: Callable[[int, tuple[int, ...]], WorkerSpec], context: Any,
+                 num_workers: int) -> None:
+        self.context = context
+        self.waiter = Waiter()
+        self.handles: list[WorkerHandle] = []
+        self.closed = False
+        self._releases: deque[tuple[int, int, int]] = deque()
+        self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
+        self._lock = threading.Lock()
+        self.oom_kills_at_start = None
+        self._start(make_spec, num_workers)
+        _lifecycle.register(self)
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def _start(self, make_spec: Callable[[int, tuple[int, ...]], WorkerSpec],
+               num_workers: int) -> None:
+        from mploader._death import oom_kill_count
+
+        self.oom_kills_at_start = oom_kill_count()
+        forking = self.context.get_start_method() == "fork"
+        processes = []
+        for worker_id in range(num_workers):
+            task_reader, task_writer = make_pipe()
+            result_reader, result_writer = make_pipe()
+            to_close = _lifecycle.main_side_fds() if forking else ()
+            spec = make_spec(worker_id, to_close)
+            process = self.context.Process(
+                target=worker_main,
+                args=(spec, task_reader, result_writer),
+                name=f"mploader-worker-{worker_id}",
+                daemon=True,
+            )
+            processes.append((process, task_reader, result_writer))
+            handle = WorkerHandle(worker_id, process, TaskWriter(task_writer), result_reader, -1)
+            self.handles.append(handle)
+            _lifecycle.add_main_side_fds(handle.writer.fd, result_reader.fileno())
+            if forking:  # fork is fast and forking from several threads is unsafe
+                self._launch(process, task_reader, result_writer)
+        if not forking:  # spawn and forkserver start an interpreter each: start them together
+            with ThreadPoolExecutor(max_workers=min(num_workers, 16)) as pool:
+                list(pool.map(lambda args: self._launch(*args), processes))
+        for handle in self.handles:
+            handle.pid = handle.process.pid
+            handle.sentinel = handle.process.sentinel
+            self._by_fd[handle.reader.fileno()] = ("result", handle)
+            self._by_fd[handle.sentinel] = ("sentinel", handle)
+            self._by_fd[handle.writer.fd] = ("task", handle)
+            self.waiter.watch_readable(handle.reader.fileno())
+            self.waiter.watch_readable(handle.sentinel)
+            _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
+
+    @staticmethod
+    def _launch(process: Any, task_reader: Connection, result_writer: Connection) -> None:
+        try:
+            process.start()
+        finally:  # the worker holds its own copies now (or never will)
+            task_reader.close()
+            result_writer.close()
+
+    @property
+    def processes(self) -> list[Any]:
+        return [handle.process for handle in self.handles]
+
+    # -- talking ---------------------------------------------------------------------------------
+
+    def send(self, worker_id: int, message: Any) -> None:
+        handle = self.handles[worker_id]
+        handle.writer.send(message)
+        self.waiter.watch_writable(handle.writer.fd, handle.writer.has_pending)
+
+    def queue_release(self, worker_id: int, block_id: int, generation: int) -> None:
+        """Called by the channel, possibly from a GC finalizer in any thread: never blocks."""
+        if self.closed:
+            return
+        self._releases.append((worker_id, block_id, generation))
+        self.waiter.wake()
+
+    def flush_releases(self) -> None:
+        by_worker: dict[int, list[tuple[int, int]]] = {}
+        while self._releases:
+            worker_id, block_id, generation = self._releases.popleft()
+            by_worker.setdefault(worker_id, []).append((block_id, generation))
+        for worker_id, blocks in by_worker.items():
+            if not self.handles[worker_id].ended:
+                self.send(worker_id, Release(blocks))
+
+    def wait(self, timeout: float | None) -> list[Event]:
+        """Events from the workers, waiting up to ``timeout`` (None: until something happens)."""
+        self.flush_releases()
+        events: list[Event] = []
+        for fd, mask in self.waiter.wait(timeout):
+            kind, handle = self._by_fd.get(fd, ("", None))
+            if handle is None:
+                continue
+            if kind == "task":
+                done = handle.writer.flush()
+                self.waiter.watch_writable(fd, not done)
+            elif kind == "result":
+                events.extend(self._read_messages(handle))
+            elif kind == "sentinel" and not handle.ended:
+                events.extend(self._read_messages(handle))  # what it sent before it ended
+                self._reap(handle)
+                events.append(Event(handle.worker_id, ended=True))
+        return events
+
+    def _read_messages(self, handle: WorkerHandle) -> list[Event]:
+        events = []
+        while handle.reader_open and handle.reader.poll(0):
+            try:
+                message = pickle.loads(handle.reader.recv_bytes())
+                payload = getattr(message, "payload", None)
+                if getattr(message, "payload_follows", False):
+                    payload = handle.reader.recv_bytes()
+            except (EOFError, OSError):
+                self._close_reader(handle)
+                break
+            events.append(Event(handle.worker_id, message, payload))
+        return events
+
+    def _close_reader(self, handle: WorkerHandle) -> None:
+        if handle.reader_open:
+            handle.reader_open = False
+            self.waiter.unwatch(handle.reader.fileno())
+            _lifecycle.remove_main_side_fds(handle.reader.fileno())
+            handle.reader.close()
+
+    def _reap(self, handle: WorkerHandle) -> None:
+        handle.process.join(timeout=1.0)
+        handle.ended = True
+        self.waiter.unwatch(handle.sentinel)
+        self.waiter.unwatch(handle.writer.fd)
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def shutdown(self, discard: Callable[[Event], None] | None = None) -> None:
+        """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            for handle in self.handles:
+                if not handle.ended:
+                    handle.state = STOPPING
+                    handle.writer.send(Stop())
+                    handle.writer.flush()
+            self._wait_for_exits(SHUTDOWN_DEADLINE_SECONDS, discard)
+            for handle in self.handles:
+                if not handle.ended and handle.process.is_alive():
+                    _log.warning(
+                        "worker %d (pid %s) did not exit within %.1f s; terminating it",
+                        handle.worker_id, handle.pid, SHUTDOWN_DEADLINE_SECONDS,
+                    )
+                    handle.process.terminate()
+            self._wait_for_exits(TERMINATE_GRACE_SECONDS, discard)
+            for handle in self.handles:
+                if not handle.ended and handle.process.is_alive():
+                    handle.process.kill()
+                    handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+        finally:
+            self._release_resources()
+
+    def _wait_for_exits(self, seconds: float,
+                        discard: Callable[[Event], None] | None) -> None:
+        deadline = time.monotonic() + seconds
+        while any(not handle.ended for handle in self.handles):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for event in self.wait(remaining):
+                if event.ended:
+                    handle = self.handles[event.worker_id]
+                    handle.state = EXITED if handle.process.exitcode == 0 else CRASHED
+                    _log.debug("worker %d (pid %s) exited with %s", handle.worker_id,
+                               handle.pid, handle.process.exitcode)
+                elif discard is not None:
+                    discard(event)  # drained so a worker blocked writing can see Stop
+
+    def _release_resources(self) -> None:
+        for handle in self.handles:
+            if not handle.ended:
+                handle.ended = handle.process.exitcode is not None
+            self._close_reader(handle)
+            _lifecycle.remove_main_side_fds(handle.writer.fd)
+            handle.writer.close()
+        self._releases.clear()
+        self.waiter.close()
+        _lifecycle.unregister(self)
+
+    def note_child_exit(self) -> None:
+        """SIGCHLD: some child ended; make a blocked wait look at the sentinels now."""
+        self.waiter.wake()
+
+    def worker_pids(self) -> list[int | None]:
+        return [handle.pid for handle in self.handles]
+
+    def alive_pids(self) -> list[int]:
+        return [h.pid for h in self.handles if h.pid is not None and not h.ended
+                and _pid_alive(h.pid)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

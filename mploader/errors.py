@@ -1,0 +1,153 @@
+"""Errors that cross the process boundary, and how a worker's death is described.
+
+A worker exception comes back as the *original* exception object (same type, same attributes),
+with the worker's formatted traceback as its ``__cause__`` and a note naming the worker, its pid and
+the indices it was fetching, after CPython's ``concurrent.futures.process._ExceptionWithTraceback``.
+Only an exception that cannot be pickled (or unpickled) falls back to :class:`WorkerError`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker; set as the re-raised error's cause."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class WorkerError(RuntimeError):
+    """A worker raised an exception that could not travel to the main process as itself."""
+
+    def __init__(self, message: str, original_type: str) -> None:
+        super().__init__(message)
+        self.original_type = original_type
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process ended without being asked to (killed by a signal, or exited).
+
+    The message starts with torch's own wording (``DataLoader worker (pid N) is killed by signal:
+    Killed.``) so code that matches torch's errors keeps working, and goes on with what torch does not
+    say: the worker id, the signal name or exit code, the tasks it held, and the likely cause.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        task_ids: tuple[int, ...],
+        indices: tuple[Any, ...],
+        likely_cause: str,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.task_ids = task_ids
+        self.indices = indices
+        self.likely_cause = likely_cause
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        return signal_name(-self.exitcode)
+
+
+@dataclass(slots=True)
+class RemoteError:
+    """An exception captured in a worker, ready to be pickled onto the result pipe."""
+
+    exception_bytes: bytes | None
+    type_name: str
+    message: str
+    traceback_text: str
+    worker_id: int
+    pid: int
+    indices: Any
+
+    @classmethod
+    def capture(cls, error: BaseException, worker_id: int, pid: int, indices: Any) -> RemoteError:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        try:
+            exception_bytes: bytes | None = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            exception_bytes = None
+        return cls(
+            exception_bytes=exception_bytes,
+            type_name=f"{type(error).__module__}.{type(error).__qualname__}",
+            message=str(error),
+            traceback_text=text,
+            worker_id=worker_id,
+            pid=pid,
+            indices=_short_indices(indices),
+        )
+
+    def where(self) -> str:
+        return f"in DataLoader worker {self.worker_id} (pid {self.pid})"
+
+    def rebuild(self) -> BaseException:
+        """The original exception, its worker traceback as cause, and a note saying where."""
+        note = f"Raised {self.where()} while fetching indices {self.indices}."
+        error = self._unpickle()
+        if error is None:
+            error = WorkerError(
+                f"Caught {self.type_name} {self.where()}; it could not be sent to the main "
+                f"process as itself (it does not pickle), so here is its text: {self.message}",
+                self.type_name,
+            )
+        error.__cause__ = RemoteTraceback(
+            f"\n\"\"\"\nOriginal traceback {self.where()}:\n{self.traceback_text}\"\"\""
+        )
+        add_note(error, note)
+        return error
+
+    def _unpickle(self) -> BaseException | None:
+        if self.exception_bytes is None:
+            return None
+        try:
+            error = pickle.loads(self.exception_bytes)
+        except Exception:
+            return None
+        return error if isinstance(error, BaseException) else None
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note`` where it exists (3.11+); on 3.10, extend the message's args."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        error.args = (*error.args, note)
+
+
+def _short_indices(indices: Any, limit: int = 32) -> Any:
+    """Indices as sent, shortened for messages: a 10000-index batch must not make a 100 kB note."""
+    if isinstance(indices, list) and len(indices) > limit:
+        return [*indices[:limit], f"... {len(indices) - limit} more"]
+    return indices
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def signal_description(number: int) -> str:
+    """The C library's description (``Killed``, ``Segmentation fault``), as torch prints it."""
+    return signal.strsignal(number) or f"Unknown signal {number}"

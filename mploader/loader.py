@@ -1,0 +1,317 @@
+"""``mploader.DataLoader``: torch 2.13's constructor, checks and length rules; mploader's iterator.
+
+It subclasses ``torch.utils.data.DataLoader`` only so that ``isinstance`` checks in other libraries
+(Lightning, PyG) keep working; it does not call torch's ``__init__`` or use torch's iterators.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as python_multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import torch
+import torch.utils.data
+from torch.utils.data import (
+    BatchSampler,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+from torch.utils.data._utils import collate as torch_collate
+
+from mploader.worker.hooks import WorkerHooks
+
+T_co = TypeVar("T_co", covariant=True)
+
+_FROZEN_AFTER_INIT = (
+    "batch_size",
+    "batch_sampler",
+    "sampler",
+    "drop_last",
+    "dataset",
+    "persistent_workers",
+)
+
+
+class _InfiniteConstantSampler(Sampler[None]):
+    """The sampler of an iterable dataset: ``None`` forever (torch's, re-stated)."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        while True:
+            yield None
+
+
+class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[type-arg]
+    """A drop-in ``torch.utils.data.DataLoader`` whose multi-process iterator is mploader's.
+
+    The first seventeen arguments are torch 2.13's, with torch's defaults, checks and error
+    messages.  The keyword-only additions:
+
+    * ``worker_hooks``: a :class:`mploader.WorkerHooks` whose ``setup``/``create_session``/
+      ``close_session``/``teardown`` run in each worker (in the main process when
+      ``num_workers=0``); ``mploader.worker_session()`` returns the worker's session.
+    * ``shared_memory``: ``True`` (default) moves batches through pooled shared-memory blocks;
+      ``False`` pickles them; a ``mploader.SharedMemoryConfig`` sets the budget and threshold.
+    * ``max_worker_restarts``: replace a crashed worker up to this many times.
+    * ``trace``: a path; write a Chrome/Perfetto JSON trace of every batch's lifecycle.
+    """
+
+    dataset: Dataset[T_co]  # type: ignore[assignment]
+    _DataLoader__initialized = False
+
+    def __init__(
+        self,
+        dataset: Dataset[T_co],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        worker_hooks: WorkerHooks | None = None,
+        shared_memory: Any = True,
+        max_worker_restarts: int = 0,
+        trace: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; "
+                "use num_workers=0 to disable multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                "to None."
+            )
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        _check_additions(worker_hooks, shared_memory, max_worker_restarts)
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.worker_hooks = worker_hooks
+        self.shared_memory = shared_memory
+        self.max_worker_restarts = max_worker_restarts
+        self.trace = os.fspath(trace) if trace is not None else None
+
+        if isinstance(dataset, IterableDataset):
+            if shuffle not in {False, None}:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified "
+                    f"batch_sampler option, but got batch_sampler={batch_sampler}"
+                )
+        else:
+            shuffle = bool(shuffle)
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive "
+                    "with batch_size, shuffle, sampler, and "
+                    "drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching "
+                "and is mutually exclusive with drop_last"
+            )
+
+        if sampler is None:
+            if isinstance(dataset, IterableDataset):
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)  # type: ignore[arg-type]
+            else:
+                sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
+
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+
+        if collate_fn is None:
+            if self._auto_collation:
+                collate_fn = torch_collate.default_collate
+            else:
+                collate_fn = torch_collate.default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+
+        self._DataLoader__initialized = True
+        self._IterableDataset_len_called: int | None = None
+        self._iterator: Any = None
+        self.check_worker_number_rationality()
+
+    # -- the parts torch exposes -----------------------------------------------------------------
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self._mploader_multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        if context is not None:
+            if self.num_workers > 0:
+                if isinstance(context, str):
+                    valid_start_methods = torch.multiprocessing.get_all_start_methods()
+                    if context not in valid_start_methods:
+                        raise ValueError(
+                            "multiprocessing_context option "
+                            f"should specify a valid start method in {valid_start_methods!r}, "
+                            f"but got multiprocessing_context={context!r}"
+                        )
+                    context = torch.multiprocessing.get_context(context)
+                if not isinstance(context, python_multiprocessing.context.BaseContext):
+                    raise TypeError(
+                        "multiprocessing_context option should be a valid context "
+                        "object or a string specifying the start method, but got "
+                        f"multiprocessing_context={context}"
+                    )
+            else:
+                raise ValueError(
+                    "multiprocessing_context can only be used with "
+                    "multi-process loading (num_workers > 0), but got "
+                    f"num_workers={self.num_workers}"
+                )
+        self._mploader_multiprocessing_context = context
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if self._DataLoader__initialized and attr in _FROZEN_AFTER_INIT:
+            raise ValueError(
+                f"{attr} attribute should not be set after {self.__class__.__name__} is "
+                "initialized"
+            )
+        object.__setattr__(self, attr, value)
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    @property
+    def _dataset_kind(self) -> int:
+        return 1 if isinstance(self.dataset, IterableDataset) else 0
+
+    def __len__(self) -> int:
+        if isinstance(self.dataset, IterableDataset):
+            length = self._IterableDataset_len_called = len(self.dataset)  # type: ignore[arg-type]
+            if self.batch_size is not None:
+                if self.drop_last:
+                    length = length // self.batch_size
+                else:
+                    length = math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def __iter__(self) -> Any:
+        if self.persistent_workers and self.num_workers > 0:
+            iterator = self._iterator
+            if iterator is None or getattr(iterator, "_shutdown", False):
+                self._iterator = self._get_iterator()
+            else:
+                iterator._reset(self)
+            return self._iterator
+        return self._get_iterator()
+
+    def _get_iterator(self) -> Any:
+        from mploader._iterators import make_iterator
+
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()
+        return make_iterator(self)
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning when more workers are asked for than there are CPUs to run them."""
+        if not self.num_workers:
+            return
+        suggested = torch._utils.cpu_count()  # type: ignore[attr-defined]
+        if suggested is not None and self.num_workers <= suggested:
+            return
+        cpuset_checked = hasattr(os, "sched_getaffinity")
+        if suggested is not None:
+            suggestion = (
+                f"Our suggested max number of worker in current system is {suggested}"
+                f"{'' if cpuset_checked else ' (`cpuset` is not taken into account)'}, which is "
+                "smaller than what this DataLoader is going to create."
+            )
+        else:
+            suggestion = (
+                "DataLoader is not able to compute a suggested max number of worker in current "
+                "system."
+            )
+        warnings.warn(
+            f"This DataLoader will create {self.num_workers} worker processes in total. "
+            f"{suggestion} Please be aware that excessive worker creation might get DataLoader "
+            "running slow or even freeze, lower the worker number to avoid potential "
+            "slowness/freeze if necessary.",
+            stacklevel=2,
+        )
+
+
+def _check_additions(worker_hooks: Any, shared_memory: Any, max_worker_restarts: Any) -> None:
+    if worker_hooks is not None and not isinstance(worker_hooks, WorkerHooks):
+        raise TypeError(
+            "worker_hooks option should be a mploader.WorkerHooks instance, but got "
+            f"worker_hooks={worker_hooks!r}"
+        )
+    if not isinstance(max_worker_restarts, int) or max_worker_restarts < 0:
+        raise ValueError(
+            "max_worker_restarts option should be a non-negative integer, but got "
+            f"max_worker_restarts={max_worker_restarts!r}"
+        )
+    from mploader.shm_config import resolve_shared_memory_option
+
+    resolve_shared_memory_option(shared_memory)  # raises TypeError for anything else

@@ -1,0 +1,76 @@
+"""Fetching samples for a task, as torch's fetchers do, with collation kept separate.
+
+Separating fetch from collate lets the worker collate straight into a shared-memory block when the
+collate function is torch's ``default_collate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data._utils import collate as torch_collate
+
+
+class MapFetcher:
+    def __init__(self, dataset: Any, auto_collation: bool) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+
+    def fetch(self, indices: Any) -> Any:
+        """A list of samples under auto-collation, else the one item for ``indices``."""
+        if not self.auto_collation:
+            return self.dataset[indices]
+        get_items = getattr(self.dataset, "__getitems__", None)
+        if get_items:
+            return get_items(indices)
+        return [self.dataset[index] for index in indices]
+
+
+class IterableFetcher:
+    """Draws from ``iter(dataset)``; raises StopIteration once the iterator is exhausted."""
+
+    def __init__(self, dataset: Any, auto_collation: bool, drop_last: bool) -> None:
+        self.iterator: Iterator[Any] = iter(dataset)
+        self.auto_collation = auto_collation
+        self.drop_last = drop_last
+        self.ended = False
+
+    def fetch(self, indices: Any) -> Any:
+        if self.ended:
+            raise StopIteration
+        if not self.auto_collation:
+            return next(self.iterator)
+        samples = []
+        for _ in indices:
+            try:
+                samples.append(next(self.iterator))
+            except StopIteration:
+                self.ended = True
+                break
+        if not samples or (self.drop_last and len(samples) < len(indices)):
+            raise StopIteration
+        return samples
+
+
+def make_fetcher(
+    dataset: Any, is_iterable: bool, auto_collation: bool, drop_last: bool
+) -> MapFetcher | IterableFetcher:
+    if is_iterable:
+        return IterableFetcher(dataset, auto_collation, drop_last)
+    return MapFetcher(dataset, auto_collation)
+
+
+def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+    return torch.stack(batch, 0)
+
+
+# torch's default_collate, except that tensors are stacked into ordinary memory: inside a worker,
+# torch's version allocates a torch shared-memory segment per tensor, which plain pickling would
+# then copy out again.  Values, dtypes and error messages are torch's.
+_plain_collate_map = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_tensors}
+
+
+def plain_default_collate(batch: Any) -> Any:
+    return torch_collate.collate(batch, collate_fn_map=_plain_collate_map)

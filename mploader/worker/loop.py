@@ -1,0 +1,255 @@
+"""The worker process: read tasks, fetch, collate, encode, reply; exit cleanly.
+
+Protocol (see ``mploader._messages``): the worker reads its task pipe in FIFO order.  Every read
+drains what is already in the pipe into an inbox first, so ``Release`` messages are applied at once
+and tasks of an epoch that a ``Resume`` has ended are dropped unseen.  Each ``Task`` gets exactly one
+reply: ``TaskDone`` (a payload or an error) or ``IterableExhausted``; after exhaustion the worker
+ignores the rest of the epoch's tasks, as torch's does.  ``Stop`` or EOF ends the loop; so does the
+main process's death (watchdog).  On the way out the worker closes its session, runs ``teardown``,
+closes process-local values and its shared-memory blocks.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from mploader._messages import (
+    SEPARATE_FRAME_BYTES,
+    IterableExhausted,
+    Release,
+    Resume,
+    Stop,
+    Task,
+    TaskDone,
+    WorkerReady,
+)
+from mploader._plain_channel import make_worker_channel
+from mploader.errors import RemoteError
+from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
+from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
+from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
+from mploader.worker.spec import WorkerSpec
+from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
+
+_log = logging.getLogger("mploader")
+
+
+class _StopRequested(Exception):
+    """The main process asked us to stop (or vanished) while we were waiting inside a task."""
+
+
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
+    """Entry point of a worker process (the ``Process`` target)."""
+    # Ctrl-C reaches the whole process group; the main process decides what happens, not us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()  # a segfault in native code prints the Python stack to stderr
+    for fd in spec.inherited_fds_to_close:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    WorkerLoop(spec, tasks, results).run()
+
+
+class WorkerLoop:
+    def __init__(self, spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
+        self.spec = spec
+        self.tasks = tasks
+        self.results = results
+        self.pid = os.getpid()
+        self.inbox: deque[Any] = deque()
+        self.epoch = spec.epoch
+        self.exhausted = False
+        self.pending_error: RemoteError | None = None
+        self.fetcher: MapFetcher | IterableFetcher | None = None
+        self.watchdog = ParentWatchdog(spec.parent_pid)
+        self.channel: Any = None
+        self.released: list[tuple[int, int]] = []
+
+    def run(self) -> None:
+        try:
+            self.start()
+            while True:
+                message = self.next_message()
+                if message is None or isinstance(message, Stop):
+                    break
+                self.handle(message)
+        except _StopRequested:
+            pass
+        finally:
+            self.finish()
+
+    # -- start and finish ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        spec = self.spec
+        torch.set_num_threads(1)
+        seed = seed_worker(spec.base_seed, spec.worker_id)
+        info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.dataset)
+        set_worker_info(info)
+        self.channel = make_worker_channel(
+            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag
+        )
+        try:
+            if spec.worker_init_fn is not None:
+                spec.worker_init_fn(spec.worker_id)
+            activate_hooks(spec.hooks, info)
+            self.fetcher = self.new_fetcher()
+        except Exception as error:
+            self.pending_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
+        self.send(WorkerReady(spec.worker_id, self.pid, self.pending_error is not None))
+        self.watchdog.start_thread()
+        _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
+
+    def new_fetcher(self) -> MapFetcher | IterableFetcher:
+        spec = self.spec
+        return make_fetcher(spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last)
+
+    def finish(self) -> None:
+        for step in (deactivate_hooks, close_process_locals, self._close_channel):
+            try:
+                step()
+            except Exception:
+                _log.exception("worker %d: error during exit", self.spec.worker_id)
+        self.results.close()
+        self.tasks.close()
+
+    def _close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+    # -- reading the task pipe -------------------------------------------------------------------
+
+    def next_message(self) -> Any:
+        """The next message to act on; ``None`` when the main process is gone."""
+        while not self.inbox:
+            if not self.read_pipe(CHECK_INTERVAL_SECONDS) and not self.watchdog.parent_alive():
+                return None
+        return self.inbox.popleft()
+
+    def read_pipe(self, timeout: float) -> bool:
+        """Move every frame already in the pipe into the inbox, waiting up to ``timeout``."""
+        if not self.tasks.poll(timeout):
+            return False
+        while True:
+            try:
+                message = pickle.loads(self.tasks.recv_bytes())
+            except EOFError:
+                self.inbox.append(Stop())
+                return True
+            self.take(message)
+            if not self.tasks.poll(0):
+                return True
+
+    def take(self, message: Any) -> None:
+        if isinstance(message, Release):
+            self.released.extend(message.blocks)
+            return
+        if isinstance(message, Resume):
+            self.inbox = deque(m for m in self.inbox if not isinstance(m, Task))
+        self.inbox.append(message)
+
+    def apply_releases(self) -> None:
+        released, self.released = self.released, []
+        for block_id, generation in released:
+            self.channel.release(block_id, generation)
+
+    def wait_for_release(self, timeout: float) -> list[tuple[int, int]]:
+        """Called by the shared-memory pool when it is over budget: block for returned blocks."""
+        deadline = time.monotonic() + timeout
+        while not self.released:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if not self.read_pipe(min(remaining, CHECK_INTERVAL_SECONDS)):
+                if not self.watchdog.parent_alive():
+                    raise _StopRequested
+            if any(isinstance(m, (Stop, Resume)) for m in self.inbox):
+                raise _StopRequested if any(isinstance(m, Stop) for m in self.inbox) else _Abandon
+        released, self.released = self.released, []
+        return released
+
+    # -- doing the work --------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> None:
+        self.apply_releases()
+        if isinstance(message, Task):
+            if message.epoch == self.epoch and not self.exhausted:
+                self.run_task(message)
+        elif isinstance(message, Resume):
+            self.epoch = message.epoch
+            self.exhausted = False
+            try:
+                self.fetcher = self.new_fetcher()
+            except Exception as error:
+                self.pending_error = RemoteError.capture(error, self.spec.worker_id, self.pid, None)
+
+    def run_task(self, task: Task) -> None:
+        spec = self.spec
+        if self.pending_error is not None or self.fetcher is None:
+            error, self.pending_error = self.pending_error, None
+            if error is not None:
+                error.indices = task.indices
+                self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=error))
+            return
+        started = time.perf_counter()
+        try:
+            samples = self.fetcher.fetch(task.indices)
+        except StopIteration:
+            if not spec.is_iterable:
+                raise
+            self.exhausted = True
+            self.send(IterableExhausted(task.epoch, task.task_id, spec.worker_id))
+            return
+        except Exception as error:
+            self.send_error(task, error)
+            return
+        fetched = time.perf_counter()
+        try:
+            if spec.auto_collation and spec.uses_default_collate:
+                payload = self.channel.collate_and_encode(samples, self.wait_for_release)
+            else:
+                payload = self.channel.encode(spec.collate_fn(samples), self.wait_for_release)
+        except _Abandon:
+            return  # a new epoch began while this batch waited for memory: nobody wants it
+        except _StopRequested:
+            raise
+        except Exception as error:
+            self.send_error(task, error)
+            return
+        done = TaskDone(task.epoch, task.task_id, spec.worker_id)
+        done.timings = {"fetch": fetched - started, "collate": time.perf_counter() - fetched}
+        self.send(done, payload)
+
+    def send_error(self, task: Task, error: BaseException) -> None:
+        remote = RemoteError.capture(error, self.spec.worker_id, self.pid, task.indices)
+        self.send(TaskDone(task.epoch, task.task_id, self.spec.worker_id, error=remote))
+
+    def send(self, message: Any, payload: bytes | None = None) -> None:
+        if payload is not None and len(payload) >= SEPARATE_FRAME_BYTES:
+            message.payload_follows = True
+            self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            self.results.send_bytes(payload)
+            return
+        if payload is not None:
+            message.payload = payload
+        self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class _Abandon(Exception):
+    """A ``Resume`` arrived while a batch waited for memory: drop the batch."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("mploader.worker.loop is started by mploader, not run directly")

@@ -1,0 +1,31 @@
+"""Everything a worker needs to start, as one picklable object (not 14 positional arguments)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mploader.worker.hooks import WorkerHooks
+
+
+@dataclass
+class WorkerSpec:
+    worker_id: int
+    num_workers: int
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    uses_default_collate: bool  # collate_fn is torch's default_collate: collate into the pool
+    drop_last: bool
+    base_seed: int
+    worker_init_fn: Callable[[int], None] | None
+    hooks: WorkerHooks | None
+    shared_memory: Any  # mploader.shm.SharedMemoryConfig, or None for plain pickling
+    loader_tag: str
+    parent_pid: int
+    epoch: int
+    # Under fork, the main-process ends of *other* workers' pipes are inherited too; the worker
+    # closes them so that a pipe's EOF means what it says.
+    inherited_fds_to_close: tuple[int, ...] = ()

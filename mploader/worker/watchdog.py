@@ -1,0 +1,45 @@
+"""Notice that the main process is gone, so that a worker never outlives it.
+
+The worker's read loop asks :meth:`ParentWatchdog.parent_alive` whenever its wait times out; a
+daemon thread covers a worker busy in a long task, ending the process a grace period after the
+parent disappeared.  The parent pid recorded at start is the main process (fork, spawn) or the fork
+server (forkserver), which itself exits when the main process does; either way a change means the
+main process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+# How often an idle worker checks its parent; also the wait timeout of the worker's read loop.
+CHECK_INTERVAL_SECONDS = 0.5
+# A busy worker whose parent died gets this long to notice on its own before it is ended.
+BUSY_GRACE_SECONDS = 3.0
+
+
+class ParentWatchdog:
+    def __init__(self, main_pid: int) -> None:
+        self.main_pid = main_pid
+        self.initial_ppid = os.getppid()
+
+    def parent_alive(self) -> bool:
+        if os.getppid() != self.initial_ppid:
+            return False
+        try:
+            os.kill(self.main_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def start_thread(self) -> None:
+        threading.Thread(target=self._watch, name="mploader-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while self.parent_alive():
+            time.sleep(CHECK_INTERVAL_SECONDS)
+        time.sleep(BUSY_GRACE_SECONDS)
+        os._exit(0)
