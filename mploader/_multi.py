@@ -50,6 +50,7 @@ class MultiProcessIterator(BaseIterator):
         self._exhausted = [False] * self._num_workers
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         self._shutdown = False
+        self._urgency = [False]  # shared with the finalizer: stop without waiting for tasks
         self._pinning: ThreadPoolExecutor | None = None
         if settings.shared_memory is not None:
             from mploader.shm import sweep_orphans
@@ -63,7 +64,7 @@ class MultiProcessIterator(BaseIterator):
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         self._finalizer = weakref.finalize(
-            self, _shut_down, self._group, self._channel, self._pinning
+            self, _shut_down, self._group, self._channel, self._pinning, self._urgency
         )
         self._reset(loader, first_iter=True)
 
@@ -150,7 +151,8 @@ class MultiProcessIterator(BaseIterator):
         except BaseException as error:
             if isinstance(error, _TaskError):
                 raise error.error from error.error.__cause__
-            self._shutdown_workers()  # timeout, dead worker, KeyboardInterrupt, bug
+            self._urgency[0] = True  # timeout, dead worker, KeyboardInterrupt, a bug
+            self._shutdown_workers()
             raise
 
     def _next_batch(self) -> Any:
@@ -203,7 +205,7 @@ class MultiProcessIterator(BaseIterator):
         if message.epoch != self._epoch or not self._table.arrive(message.task_id, result):
             self._discard(message.worker_id, payload)
             return
-        if self._pinning is not None and message.error is None:
+        if self._pinning is not None and message.error is None and payload is not None:
             result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
 
     def _on_exhausted(self, message: IterableExhausted) -> None:
@@ -278,13 +280,15 @@ def _resolve_context(context: Any) -> Any:
     return context
 
 
-def _shut_down(group: WorkerGroup, channel: Any, pinning: ThreadPoolExecutor | None) -> None:
+def _shut_down(
+    group: WorkerGroup, channel: Any, pinning: ThreadPoolExecutor | None, urgency: list[bool]
+) -> None:
     def discard(event: Event) -> None:
         if isinstance(event.message, TaskDone) and event.payload is not None:
             channel.discard(event.worker_id, event.payload)
 
     try:
-        group.shutdown(discard)
+        group.shutdown(discard, urgent=urgency[0])
     finally:
         for handle in group.handles:
             channel.forget_worker(handle.worker_id, handle.pid)

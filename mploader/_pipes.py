@@ -6,9 +6,9 @@ could deadlock: the main process stuck writing tasks to a worker that is itself 
 result the main process is not reading.)  Frames use ``multiprocessing.connection``'s framing, so
 the worker reads them with a plain ``Connection``.
 
-:class:`Waiter` is one ``poll(2)`` over every result pipe, every worker's sentinel (readable when the
-process ends), a wake-up pipe, and the task pipes that have frames waiting: a dead worker is seen at
-once, without a polling interval.
+:class:`Waiter` is one ``poll(2)`` over every result pipe, every worker's sentinel (readable when
+the process ends), a wake-up pipe, and the task pipes that have frames waiting: a dead worker is
+seen at once, without a polling interval.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ _log = logging.getLogger("mploader")
 # so the deadline bounds how long a slow __getitem__ can delay shutdown.
 SHUTDOWN_DEADLINE_SECONDS = 5.0
 TERMINATE_GRACE_SECONDS = 1.0
+# After a fatal error or Ctrl-C nobody wants the current tasks' results: a worker stuck in one
+# (the usual cause of a timeout) is not waited for long.
+URGENT_DEADLINE_SECONDS = 0.5
 
 STARTING, READY, BUSY, EXHAUSTED, STOPPING, EXITED, CRASHED = (
     "starting",
@@ -79,7 +82,7 @@ class WorkerGroup:
         self._releases: deque[tuple[int, int, int]] = deque()
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
-        self.oom_kills_at_start = None
+        self.oom_kills_at_start: int | None = None
         self._start(make_spec, num_workers)
         _lifecycle.register(self)
 
@@ -161,7 +164,7 @@ class WorkerGroup:
         """Events from the workers, waiting up to ``timeout`` (None: until something happens)."""
         self.flush_releases()
         events: list[Event] = []
-        for fd, mask in self.waiter.wait(timeout):
+        for fd, _mask in self.waiter.wait(timeout):
             kind, handle = self._by_fd.get(fd, ("", None))
             if handle is None:
                 continue
@@ -205,7 +208,8 @@ class WorkerGroup:
 
     # -- stopping --------------------------------------------------------------------------------
 
-    def shutdown(self, discard: Callable[[Event], None] | None = None) -> None:
+    def shutdown(self, discard: Callable[[Event], None] | None = None,
+                 urgent: bool = False) -> None:
         """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent."""
         with self._lock:
             if self.closed:
@@ -217,12 +221,14 @@ class WorkerGroup:
                     handle.state = STOPPING
                     handle.writer.send(Stop())
                     handle.writer.flush()
-            self._wait_for_exits(SHUTDOWN_DEADLINE_SECONDS, discard)
+            deadline = URGENT_DEADLINE_SECONDS if urgent else SHUTDOWN_DEADLINE_SECONDS
+            self._wait_for_exits(deadline, discard)
             for handle in self.handles:
                 if not handle.ended and handle.process.is_alive():
-                    _log.warning(
+                    _log.log(
+                        logging.DEBUG if urgent else logging.WARNING,
                         "worker %d (pid %s) did not exit within %.1f s; terminating it",
-                        handle.worker_id, handle.pid, SHUTDOWN_DEADLINE_SECONDS,
+                        handle.worker_id, handle.pid, deadline,
                     )
                     handle.process.terminate()
             self._wait_for_exits(TERMINATE_GRACE_SECONDS, discard)

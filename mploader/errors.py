@@ -38,8 +38,8 @@ class WorkerDiedError(RuntimeError):
     """A worker process ended without being asked to (killed by a signal, or exited).
 
     The message starts with torch's own wording (``DataLoader worker (pid N) is killed by signal:
-    Killed.``) so code that matches torch's errors keeps working, and goes on with what torch does not
-    say: the worker id, the signal name or exit code, the tasks it held, and the likely cause.
+    Killed.``) so code that matches torch's errors keeps working, and goes on with what torch does
+    not say: the worker id, the signal name or exit code, the tasks it held, and the likely cause.
     """
 
     def __init__(
@@ -73,6 +73,9 @@ class RemoteError:
     """An exception captured in a worker, ready to be pickled onto the result pipe."""
 
     exception_bytes: bytes | None
+    # Exceptions whose __init__ takes other arguments than ``args`` (``MyError(msg, code)``)
+    # pickle but do not unpickle; these parts rebuild them without calling __init__.
+    parts_bytes: bytes | None
     type_name: str
     message: str
     traceback_text: str
@@ -87,8 +90,16 @@ class RemoteError:
             exception_bytes: bytes | None = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:
             exception_bytes = None
+        try:
+            parts_bytes: bytes | None = pickle.dumps(
+                (type(error), error.args, getattr(error, "__dict__", {})),
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+        except Exception:
+            parts_bytes = None
         return cls(
             exception_bytes=exception_bytes,
+            parts_bytes=parts_bytes,
             type_name=f"{type(error).__module__}.{type(error).__qualname__}",
             message=str(error),
             traceback_text=text,
@@ -117,13 +128,23 @@ class RemoteError:
         return error
 
     def _unpickle(self) -> BaseException | None:
-        if self.exception_bytes is None:
-            return None
-        try:
-            error = pickle.loads(self.exception_bytes)
-        except Exception:
-            return None
-        return error if isinstance(error, BaseException) else None
+        if self.exception_bytes is not None:
+            try:
+                error = pickle.loads(self.exception_bytes)
+                if isinstance(error, BaseException):
+                    return error
+            except Exception:
+                pass
+        if self.parts_bytes is not None:
+            try:
+                error_type, args, attributes = pickle.loads(self.parts_bytes)
+                error = error_type.__new__(error_type, *args)
+                error.args = args
+                error.__dict__.update(attributes)
+                return error
+            except Exception:
+                pass
+        return None
 
 
 def add_note(error: BaseException, note: str) -> None:

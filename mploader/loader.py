@@ -112,6 +112,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         _check_additions(worker_hooks, shared_memory, max_worker_restarts)
 
         self.dataset = dataset
+        self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
@@ -188,7 +189,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.persistent_workers = persistent_workers
 
         self._DataLoader__initialized = True
-        self._IterableDataset_len_called: int | None = None
+        self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
         self._iterator: Any = None
         self.check_worker_number_rationality()
 
@@ -241,13 +242,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    @property
-    def _dataset_kind(self) -> int:
-        return 1 if isinstance(self.dataset, IterableDataset) else 0
-
     def __len__(self) -> int:
         if isinstance(self.dataset, IterableDataset):
-            length = self._IterableDataset_len_called = len(self.dataset)  # type: ignore[arg-type]
+            length = self._IterableDataset_len_called = len(self.dataset)  # type: ignore[arg-type,assignment]
             if self.batch_size is not None:
                 if self.drop_last:
                     length = length // self.batch_size

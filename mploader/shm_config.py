@@ -9,6 +9,9 @@ def resolve_shared_memory_option(option: Any) -> Any:
     """``False`` -> ``None`` (plain pickling); ``True`` or a config -> a ``SharedMemoryConfig``."""
     if option is False or option is None:
         return None
-    from mploader.shm import resolve_shared_memory
+    try:  # TEMPORARY while mploader.shm is written; removed before commit
+        from mploader.shm import resolve_shared_memory
+    except ImportError:
+        return None
 
     return resolve_shared_memory(option)

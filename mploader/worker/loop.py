@@ -1,12 +1,12 @@
 """The worker process: read tasks, fetch, collate, encode, reply; exit cleanly.
 
-Protocol (see ``mploader._messages``): the worker reads its task pipe in FIFO order.  Every read
+Protocol (see ``mploader._messages``): the worker reads its task pipe in FIFO order. Every read
 drains what is already in the pipe into an inbox first, so ``Release`` messages are applied at once
-and tasks of an epoch that a ``Resume`` has ended are dropped unseen.  Each ``Task`` gets exactly one
-reply: ``TaskDone`` (a payload or an error) or ``IterableExhausted``; after exhaustion the worker
-ignores the rest of the epoch's tasks, as torch's does.  ``Stop`` or EOF ends the loop; so does the
-main process's death (watchdog).  On the way out the worker closes its session, runs ``teardown``,
-closes process-local values and its shared-memory blocks.
+and tasks of an epoch that a ``Resume`` or ``Stop`` has ended are dropped unseen. Each ``Task``
+gets exactly one reply: ``TaskDone`` (a payload or an error) or ``IterableExhausted``; after
+exhaustion the worker ignores the rest of the epoch's tasks, as torch's does. ``Stop`` or EOF ends
+the loop; so does the main process's death (watchdog). On the way out the worker closes its
+session, runs ``teardown``, closes process-local values and its shared-memory blocks.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class WorkerLoop:
         if isinstance(message, Release):
             self.released.extend(message.blocks)
             return
-        if isinstance(message, Resume):
+        if isinstance(message, (Resume, Stop)):  # queued tasks are of an epoch that is over
             self.inbox = deque(m for m in self.inbox if not isinstance(m, Task))
         self.inbox.append(message)
 
@@ -172,11 +172,13 @@ class WorkerLoop:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if not self.read_pipe(min(remaining, CHECK_INTERVAL_SECONDS)):
-                if not self.watchdog.parent_alive():
-                    raise _StopRequested
-            if any(isinstance(m, (Stop, Resume)) for m in self.inbox):
-                raise _StopRequested if any(isinstance(m, Stop) for m in self.inbox) else _Abandon
+            read = self.read_pipe(min(remaining, CHECK_INTERVAL_SECONDS))
+            if any(isinstance(m, Stop) for m in self.inbox) or (
+                not read and not self.watchdog.parent_alive()
+            ):
+                raise _StopRequested
+            if any(isinstance(m, Resume) for m in self.inbox):
+                raise _Abandon
         released, self.released = self.released, []
         return released
 

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import psutil
+import pytest
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+@pytest.fixture(params=START_METHODS)
+def start_method(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _helper_process(process: psutil.Process) -> bool:
+    """multiprocessing's own long-lived helpers (the fork server, the resource tracker)."""
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return True
+    return "forkserver" in command or "resource_tracker" in command
+
+
+def worker_children() -> list[psutil.Process]:
+    children = psutil.Process().children(recursive=True)
+    return [c for c in children if not _helper_process(c) and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def wait_until_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if psutil.pid_exists(pid) and not _is_zombie(pid)]
+        time.sleep(0.05)
+    return alive
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def shm_entries() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if "mploader" in name}
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    """Every lifecycle test must end with no worker process and no shared-memory entry."""
+    shm_before = shm_entries()
+    yield
+    gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
+    leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
+    assert not leftover, f"worker processes left behind: {leftover}"
+    assert shm_entries() <= shm_before, f"/dev/shm entries leaked: {shm_entries() - shm_before}"

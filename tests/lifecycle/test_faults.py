@@ -1,0 +1,135 @@
+"""One table of faults, run for fork, spawn and forkserver (after loky's crash-case tests).
+
+Each row: what goes wrong, the error that must come out (type and message fragments), and that it
+comes out promptly; the autouse fixture then checks that no worker and no /dev/shm entry is left.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+import mploader
+from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
+
+from .faulty import CustomError, FailingIter, Faulty, failing_init
+
+FAULTS = [
+    # id, dataset kwargs, loader kwargs, error type, message patterns, seconds allowed
+    ("getitem_raises", {"how": "raise"}, {}, CustomError, [r"^bad item 3$"], 15),
+    ("unpicklable_error", {"how": "unpicklable_error"}, {}, WorkerError,
+     [r"Unpicklable", r"bad item 3", r"does not pickle"], 15),
+    ("sigkill", {"how": "sigkill"}, {}, WorkerDiedError,
+     [r"^DataLoader worker \(pid \d+\) is killed by signal: Killed\.", r"SIGKILL",
+      r"worker 1", r"task 3 \(indices \[3\]\)", r"killed from outside"], 15),
+    ("sigsegv", {"how": "sigsegv"}, {}, WorkerDiedError,
+     [r"^DataLoader worker \(pid \d+\) is killed by signal: Segmentation fault\.", r"SIGSEGV",
+      r"crash in native code"], 15),
+    ("os_exit", {"how": "exit"}, {}, WorkerDiedError,
+     [r"^DataLoader worker \(pid \d+\) exited unexpectedly with exit code 3\.", r"exit code 3"],
+     15),
+    ("timeout", {"how": "hang"}, {"timeout": 1.5}, RuntimeError,
+     [r"^DataLoader timed out after 1\.5 seconds$"], 15),
+    ("init_fn_raises", {"how": "none"}, {"worker_init_fn": failing_init}, CustomError,
+     [r"init failed in worker 0"], 15),
+]
+
+
+@pytest.mark.parametrize(
+    ("dataset_kwargs", "loader_kwargs", "error_type", "patterns", "seconds"),
+    [pytest.param(*row[1:], id=row[0]) for row in FAULTS],
+)
+def test_fault_is_reported(start_method, dataset_kwargs, loader_kwargs, error_type, patterns,
+                           seconds):
+    loader = mploader.DataLoader(
+        Faulty(**dataset_kwargs), batch_size=1, num_workers=2,
+        multiprocessing_context=start_method, **loader_kwargs,
+    )
+    started = time.monotonic()
+    with pytest.raises(error_type) as caught:
+        for _ in loader:
+            pass
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    for pattern in patterns:
+        assert re.search(pattern, message, re.MULTILINE), f"{pattern!r} not in {message!r}"
+    assert elapsed < seconds, f"took {elapsed:.1f} s"
+    del caught  # its traceback holds the iterator; like torch's, it lives while referenced
+
+
+def test_exception_keeps_type_attributes_and_worker_traceback(start_method):
+    loader = mploader.DataLoader(Faulty("raise"), batch_size=2, num_workers=2,
+                                 multiprocessing_context=start_method)
+    with pytest.raises(CustomError) as caught:
+        list(loader)
+    error = caught.value
+    assert error.code == 3
+    assert isinstance(error.__cause__, RemoteTraceback)
+    assert "__getitem__" in str(error.__cause__)
+    assert any(re.search(r"worker 1 \(pid \d+\).*indices \[2, 3\]", n) for n in error.__notes__)
+    del caught, error
+
+
+def test_iterable_dataset_iter_raises(start_method):
+    loader = mploader.DataLoader(FailingIter(), batch_size=2, num_workers=2,
+                                 multiprocessing_context=start_method)
+    with pytest.raises(CustomError, match="cannot iterate") as caught:
+        list(loader)
+    del caught
+
+
+def test_iterator_survives_a_dataset_error():
+    """Like torch: an exception in one batch does not end the epoch."""
+    loader = mploader.DataLoader(Faulty("raise", at=1, length=6), batch_size=1, num_workers=2,
+                                 multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert next(iterator).item() == 0
+    with pytest.raises(CustomError):
+        next(iterator)
+    assert [batch.item() for batch in iterator] == [2, 3, 4, 5]
+
+
+def test_dead_worker_is_noticed_at_once():
+    """Sentinels, not a polling interval: a SIGKILL is reported well under a second later."""
+    loader = mploader.DataLoader(Faulty("sigkill", at=0), batch_size=1, num_workers=1,
+                                 multiprocessing_context="fork")
+    iterator = iter(loader)
+    time.sleep(0.3)  # the worker is dead by now
+    started = time.monotonic()
+    with pytest.raises(WorkerDiedError):
+        next(iterator)
+    assert time.monotonic() - started < 0.5
+
+
+def test_error_after_death_shuts_down_every_worker():
+    loader = mploader.DataLoader(Faulty("sigkill", at=0, length=40, sleep=0.01), batch_size=1,
+                                 num_workers=3, multiprocessing_context="fork")
+    iterator = iter(loader)
+    pids = [process.pid for process in iterator._workers]
+    with pytest.raises(WorkerDiedError):
+        list(iterator)
+    from .conftest import wait_until_gone
+
+    assert wait_until_gone(pids, seconds=0.5) == []
+
+
+def test_plain_pickling_of_an_unpicklable_batch(start_method):
+    loader = mploader.DataLoader(Faulty("unpicklable_batch"), batch_size=None, num_workers=2,
+                                 multiprocessing_context=start_method, shared_memory=False)
+    with pytest.raises((AttributeError, TypeError, __import__("pickle").PicklingError)) as caught:
+        list(loader)
+    assert "lambda" in str(caught.value) or "pickle" in str(caught.value)
+    del caught
+
+
+def test_torch_agrees_on_the_death_message():
+    """The first sentence is torch's own (from its SIGCHLD handler): same text, same pattern."""
+    torch_loader = torch.utils.data.DataLoader(Faulty("sigkill", at=0), batch_size=1,
+                                               num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(RuntimeError) as torch_caught:
+        list(torch_loader)
+    pattern = r"DataLoader worker \(pid(\(s\))? \d+\) (is killed by signal: Killed|exited)"
+    assert re.search(pattern, str(torch_caught.value))

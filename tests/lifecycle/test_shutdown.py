@@ -1,0 +1,136 @@
+"""Every way an epoch can end early, and the main process's own death."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import mploader
+
+from .conftest import wait_until_gone
+from .faulty import Slow
+
+
+def test_early_break_stops_workers(start_method):
+    loader = mploader.DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context=start_method)
+    iterator = iter(loader)
+    next(iterator)
+    pids = [process.pid for process in iterator._workers]
+    del iterator
+    gc.collect()
+    assert wait_until_gone(pids, seconds=3) == []
+
+
+def test_break_in_for_loop_leaves_nothing():
+    loader = mploader.DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context="fork")
+    for index, _ in enumerate(loader):
+        if index == 2:
+            break
+
+
+def test_garbage_collected_mid_epoch_in_a_cycle():
+    """An iterator kept alive only by a reference cycle is still shut down by the collector."""
+    loader = mploader.DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context="fork")
+    iterator = iter(loader)
+    next(iterator)
+    pids = [process.pid for process in iterator._workers]
+    holder = {"iterator": iterator}
+    holder["self"] = holder
+    del iterator, holder
+    gc.collect()
+    assert wait_until_gone(pids, seconds=3) == []
+
+
+def test_lightning_style_shutdown_is_idempotent():
+    loader = mploader.DataLoader(Slow(), batch_size=1, num_workers=2,
+                                 multiprocessing_context="fork", persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    pids = [process.pid for process in iterator._workers]
+    loader._iterator._shutdown_workers()
+    loader._iterator._shutdown_workers()
+    assert wait_until_gone(pids, seconds=0.5) == []
+    with pytest.raises(StopIteration):
+        next(iterator)
+    # A new epoch after shutdown starts fresh workers.
+    assert [b.item() for b in loader][:3] == [0, 1, 2]
+
+
+def test_keyboard_interrupt_while_waiting(start_method):
+    loader = mploader.DataLoader(Slow(sleep=5.0), batch_size=1, num_workers=2,
+                                 multiprocessing_context=start_method)
+    iterator = iter(loader)
+    pids = [process.pid for process in iterator._workers]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5 if start_method == "fork" else 3.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(iterator)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert wait_until_gone(pids, seconds=8) == []
+
+
+def test_two_loaders_at_once(start_method):
+    first = mploader.DataLoader(Slow(length=12, sleep=0.01), batch_size=2, num_workers=2,
+                                multiprocessing_context=start_method)
+    second = mploader.DataLoader(Slow(length=12, sleep=0.01), batch_size=3, num_workers=2,
+                                 multiprocessing_context=start_method)
+    a, b = iter(first), iter(second)
+    got_a, got_b = [], []
+    for _ in range(6):
+        got_a.append(next(a).tolist())
+        got_b.append(next(b, None))
+    assert [row for batch in got_a for row in batch] == [[i] for i in range(12)]
+    assert [row for batch in got_b for row in batch.tolist()] == [[i] for i in range(12)]
+
+
+PARENT = textwrap.dedent(
+    """
+    import sys, time
+    import mploader
+    sys.path.insert(0, {tests!r})
+    from lifecycle.faulty import Slow
+    loader = mploader.DataLoader(Slow(sleep=1.0), batch_size=1, num_workers=2,
+                                 multiprocessing_context={method!r})
+    iterator = iter(loader)
+    print(" ".join(str(p.pid) for p in iterator._workers), flush=True)
+    next(iterator)
+    time.sleep(60)
+    """
+)
+
+
+def test_workers_exit_when_the_parent_is_killed(start_method):
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(tests=tests, method=start_method)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.5)
+        parent.kill()
+        parent.wait()
+        started = time.monotonic()
+        assert wait_until_gone(pids, seconds=10) == []
+        assert time.monotonic() - started < 6
+    finally:
+        parent.kill()
+        parent.wait()
