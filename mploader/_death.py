@@ -70,7 +70,7 @@ def worker_died_error(
     exitcode: int | None,
     held: list[tuple[int, Any]],
     oom_kills_before: int | None,
-    extra: str = "",
+    memory: str = "",
 ) -> WorkerDiedError:
     """The error for a worker that ended unasked; ``held`` lists (task_id, indices)."""
     if exitcode is not None and exitcode < 0:
@@ -97,7 +97,7 @@ def worker_died_error(
         tasks += f", and {len(held) - 8} more"
     message = (
         f"{first}\nmploader: worker {worker_id} (pid {pid}) ended with {how} while holding "
-        f"{tasks}.\nLikely cause: {cause}.{extra}"
+        f"{tasks}.{memory}\nLikely cause: {cause}."
     )
     return WorkerDiedError(
         message,

@@ -29,10 +29,13 @@ from typing import Any
 from mploader._base import BaseIterator, pin_batch
 from mploader._death import worker_died_error
 from mploader._messages import IterableExhausted, Resume, Task, TaskDone, WorkerReady
+from mploader._monitor import IteratorMonitor
 from mploader._plain_channel import make_main_channel
 from mploader._reorder import TaskEntry, TaskTable
 from mploader._settings import LoaderSettings
-from mploader._workers import BUSY, EXHAUSTED, READY, Event, WorkerGroup
+from mploader._stats import LoaderStats
+from mploader._workers import BUSY, CRASHED, EXHAUSTED, READY, Event, WorkerGroup
+from mploader.errors import PoisonTaskError
 from mploader.worker.spec import WorkerSpec
 
 _log = logging.getLogger("mploader")
@@ -57,14 +60,18 @@ class MultiProcessIterator(BaseIterator):
 
             sweep_orphans()
         context = _resolve_context(settings.multiprocessing_context)
+        self._restarts_left = settings.max_worker_restarts
+        self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
         self._group = WorkerGroup(self._make_spec, context, self._num_workers)
+        self._monitor = IteratorMonitor(self._group.worker_pids(), settings.trace)
         self._channel = make_main_channel(
             settings.shared_memory, self._tag, self._group.queue_release
         )
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         self._finalizer = weakref.finalize(
-            self, _shut_down, self._group, self._channel, self._pinning, self._urgency
+            self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
+            self._monitor,
         )
         self._reset(loader, first_iter=True)
 
@@ -105,6 +112,7 @@ class MultiProcessIterator(BaseIterator):
         super()._reset(loader, first_iter)
         if not first_iter:
             self._epoch += 1
+            self._monitor.epoch = self._epoch
             for entry in self._table.reset():
                 self._discard_entry(entry)
             for worker_id in range(self._num_workers):
@@ -116,6 +124,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _dispatch_one(self) -> None:
         """torch's ``_try_put_index``: draw the next indices and give them to a worker."""
+        started = time.monotonic()
         try:
             indices = self._next_index()
         except StopIteration:
@@ -126,6 +135,7 @@ class MultiProcessIterator(BaseIterator):
         task_id = self._table.add(worker_id, indices)
         self._group.send(worker_id, Task(self._epoch, task_id, indices))
         self._group.handles[worker_id].state = BUSY
+        self._monitor.dispatched(task_id, started)
 
     def _choose_worker(self) -> int | None:
         active = [w for w in range(self._num_workers) if not self._exhausted[w]]
@@ -144,8 +154,11 @@ class MultiProcessIterator(BaseIterator):
     def _next_data(self) -> Any:
         if self._shutdown:
             raise StopIteration
+        self._monitor.next_called()
         try:
-            return self._next_batch()
+            batch = self._next_batch()
+            self._monitor.next_returned()
+            return batch
         except StopIteration:
             raise
         except BaseException as error:
@@ -170,6 +183,7 @@ class MultiProcessIterator(BaseIterator):
                 deadline = self._new_deadline()
             for event in events:
                 self._handle(event)
+            self._monitor.maybe_sample_memory()
 
     def _new_deadline(self) -> float | None:
         return time.monotonic() + self._timeout if self._timeout > 0 else None
@@ -179,6 +193,7 @@ class MultiProcessIterator(BaseIterator):
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _end_epoch(self) -> None:
+        self._monitor.epoch_ended()
         if not self._persistent_workers:
             self._shutdown_workers()
         raise StopIteration
@@ -191,6 +206,8 @@ class MultiProcessIterator(BaseIterator):
         handle = self._group.handles[event.worker_id]
         if isinstance(message, WorkerReady):
             handle.state = READY
+            self._monitor.worker_event("worker ready", message.worker_id, message.pid,
+                                       init_failed=message.init_failed)
         elif isinstance(message, TaskDone):
             self._on_task_done(message, event.payload)
         elif isinstance(message, IterableExhausted) and message.epoch == self._epoch:
@@ -205,6 +222,7 @@ class MultiProcessIterator(BaseIterator):
         if message.epoch != self._epoch or not self._table.arrive(message.task_id, result):
             self._discard(message.worker_id, payload)
             return
+        self._monitor.arrived(message.task_id, message.worker_id, message.timings)
         if self._pinning is not None and message.error is None and payload is not None:
             result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
 
@@ -222,16 +240,56 @@ class MultiProcessIterator(BaseIterator):
         held = self._table.pending_of(worker_id)
         if self._exhausted[worker_id] and not held:
             return  # its part of the epoch was over; nothing is lost
-        raise worker_died_error(
+        handle.state = CRASHED
+        error = worker_died_error(
             worker_id=worker_id,
             pid=handle.pid,
             exitcode=handle.process.exitcode,
             held=[(entry.task_id, entry.indices) for entry in held],
             oom_kills_before=self._group.oom_kills_at_start,
+            memory=self._monitor.last_memory(worker_id),
         )
+        self._monitor.worker_event("worker crash", worker_id, handle.pid,
+                                   exitcode=handle.process.exitcode, cause=error.likely_cause)
+        if self._restarts_left <= 0:
+            if self._loader_settings.max_worker_restarts:
+                error.add_note(f"All {self._loader_settings.max_worker_restarts} worker "
+                               "restarts (max_worker_restarts) were used.")
+            raise error
+        self._restart(worker_id, held, error)
+
+    def _restart(self, worker_id: int, held: list[TaskEntry], death: Any) -> None:
+        """Replace the worker and give its tasks, in order, to the replacement."""
+        if held:  # the oldest held task is the one the worker was running when it died
+            culprit = held[0]
+            deaths = self._kills.setdefault(culprit.task_id, [])
+            deaths.append(f"pid {death.pid}: {death.signal_name or death.exitcode}")
+            if len(deaths) >= 2:
+                raise PoisonTaskError(culprit.task_id, culprit.indices, deaths, death)
+        self._restarts_left -= 1
+        handle = self._group.restart(worker_id)
+        self._monitor.worker_replaced(worker_id, handle.pid)
+        for entry in held:
+            self._group.send(worker_id, Task(self._epoch, entry.task_id, entry.indices))
+            handle.state = BUSY
+
+    def stats(self) -> LoaderStats:
+        """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``)."""
+        states, current = [], []
+        for handle in self._group.handles:
+            states.append(handle.state)
+            pending = self._table.pending_of(handle.worker_id)
+            current.append(
+                (pending[0].task_id,
+                 self._monitor.task_started_at(pending[0].task_id, handle.worker_id))
+                if pending else None
+            )
+        return self._monitor.snapshot(states, current, self._table.in_flight,
+                                      self._channel.statistics())
 
     def _deliver(self, entry: TaskEntry) -> Any:
         arrived: _Arrived = entry.result
+        self._monitor.delivered(entry.task_id)
         self._dispatch_one()  # refill before returning, as torch does
         message = arrived.message
         if message.error is not None:
@@ -281,7 +339,11 @@ def _resolve_context(context: Any) -> Any:
 
 
 def _shut_down(
-    group: WorkerGroup, channel: Any, pinning: ThreadPoolExecutor | None, urgency: list[bool]
+    group: WorkerGroup,
+    channel: Any,
+    pinning: ThreadPoolExecutor | None,
+    urgency: list[bool],
+    monitor: IteratorMonitor,
 ) -> None:
     def discard(event: Event) -> None:
         if isinstance(event.message, TaskDone) and event.payload is not None:
@@ -295,3 +357,9 @@ def _shut_down(
         channel.close()
         if pinning is not None:
             pinning.shutdown(wait=False)
+        for handle in group.handles:
+            name = "worker exit" if handle.process.exitcode == 0 else "worker crash"
+            monitor.worker_event(name, handle.worker_id, handle.pid,
+                                 exitcode=handle.process.exitcode)
+        if monitor.tracer is not None:
+            monitor.tracer.flush()

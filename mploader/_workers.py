@@ -92,46 +92,75 @@ class WorkerGroup:
                num_workers: int) -> None:
         from mploader._death import oom_kill_count
 
+        self.make_spec = make_spec
         self.oom_kills_at_start = oom_kill_count()
-        forking = self.context.get_start_method() == "fork"
-        processes = []
-        for worker_id in range(num_workers):
-            task_reader, task_writer = make_pipe()
-            result_reader, result_writer = make_pipe()
-            to_close = _lifecycle.main_side_fds() if forking else ()
-            spec = make_spec(worker_id, to_close)
-            process = self.context.Process(
-                target=worker_main,
-                args=(spec, task_reader, result_writer),
-                name=f"mploader-worker-{worker_id}",
-                daemon=True,
-            )
-            processes.append((process, task_reader, result_writer))
-            handle = WorkerHandle(worker_id, process, TaskWriter(task_writer), result_reader, -1)
-            self.handles.append(handle)
-            _lifecycle.add_main_side_fds(handle.writer.fd, result_reader.fileno())
-            if forking:  # fork is fast and forking from several threads is unsafe
-                self._launch(process, task_reader, result_writer)
-        if not forking:  # spawn and forkserver start an interpreter each: start them together
+        prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
+        self.handles = [handle for handle, _ in prepared]
+        if self.forking:  # fork is fast, and forking from several threads is unsafe
+            for handle, ends in prepared:
+                self._launch(handle, ends)
+        else:  # spawn and forkserver start an interpreter each: start them together
             with ThreadPoolExecutor(max_workers=min(num_workers, 16)) as pool:
-                list(pool.map(lambda args: self._launch(*args), processes))
+                list(pool.map(lambda item: self._launch(*item), prepared))
         for handle in self.handles:
-            handle.pid = handle.process.pid
-            handle.sentinel = handle.process.sentinel
-            self._by_fd[handle.reader.fileno()] = ("result", handle)
-            self._by_fd[handle.sentinel] = ("sentinel", handle)
-            self._by_fd[handle.writer.fd] = ("task", handle)
-            self.waiter.watch_readable(handle.reader.fileno())
-            self.waiter.watch_readable(handle.sentinel)
-            _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
+            self._watch(handle)
+
+    @property
+    def forking(self) -> bool:
+        return bool(self.context.get_start_method() == "fork")
+
+    def _prepare(self, worker_id: int) -> tuple[WorkerHandle, tuple[Connection, Connection]]:
+        """Pipes, spec and an unstarted process for ``worker_id``."""
+        task_reader, task_writer = make_pipe()
+        result_reader, result_writer = make_pipe()
+        spec = self.make_spec(worker_id, _lifecycle.main_side_fds() if self.forking else ())
+        process = self.context.Process(
+            target=worker_main,
+            args=(spec, task_reader, result_writer),
+            name=f"mploader-worker-{worker_id}",
+            daemon=True,
+        )
+        handle = WorkerHandle(worker_id, process, TaskWriter(task_writer), result_reader, -1)
+        _lifecycle.add_main_side_fds(handle.writer.fd, result_reader.fileno())
+        return handle, (task_reader, result_writer)
+
+    def _watch(self, handle: WorkerHandle) -> None:
+        handle.pid = handle.process.pid
+        handle.sentinel = handle.process.sentinel
+        self._by_fd[handle.reader.fileno()] = ("result", handle)
+        self._by_fd[handle.sentinel] = ("sentinel", handle)
+        self._by_fd[handle.writer.fd] = ("task", handle)
+        self.waiter.watch_readable(handle.reader.fileno())
+        self.waiter.watch_readable(handle.sentinel)
+        _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
+
+    def restart(self, worker_id: int) -> WorkerHandle:
+        """Replace a dead worker by a new process with the same id (and seed)."""
+        old = self.handles[worker_id]
+        self._forget(old)
+        handle, ends = self._prepare(worker_id)
+        self.handles[worker_id] = handle
+        self._launch(handle, ends)
+        self._watch(handle)
+        _log.info("restarted worker %d: pid %s replaces pid %s", worker_id, handle.pid, old.pid)
+        return handle
+
+    def _forget(self, handle: WorkerHandle) -> None:
+        self._close_reader(handle)
+        for fd in (handle.reader.fileno() if handle.reader_open else -1, handle.sentinel,
+                   handle.writer.fd):
+            self._by_fd.pop(fd, None)
+            self.waiter.unwatch(fd)
+        _lifecycle.remove_main_side_fds(handle.writer.fd)
+        handle.writer.close()
 
     @staticmethod
-    def _launch(process: Any, task_reader: Connection, result_writer: Connection) -> None:
+    def _launch(handle: WorkerHandle, worker_ends: tuple[Connection, Connection]) -> None:
         try:
-            process.start()
+            handle.process.start()
         finally:  # the worker holds its own copies now (or never will)
-            task_reader.close()
-            result_writer.close()
+            for end in worker_ends:
+                end.close()
 
     @property
     def processes(self) -> list[Any]:
@@ -196,8 +225,10 @@ class WorkerGroup:
     def _close_reader(self, handle: WorkerHandle) -> None:
         if handle.reader_open:
             handle.reader_open = False
-            self.waiter.unwatch(handle.reader.fileno())
-            _lifecycle.remove_main_side_fds(handle.reader.fileno())
+            fd = handle.reader.fileno()
+            self.waiter.unwatch(fd)
+            self._by_fd.pop(fd, None)
+            _lifecycle.remove_main_side_fds(fd)
             handle.reader.close()
 
     def _reap(self, handle: WorkerHandle) -> None:

@@ -68,6 +68,22 @@ class WorkerDiedError(RuntimeError):
         return signal_name(-self.exitcode)
 
 
+class PoisonTaskError(WorkerDiedError):
+    """The same task killed its worker twice: restarting again would loop forever."""
+
+    def __init__(self, task_id: int, indices: Any, deaths: list[str],
+                 last: WorkerDiedError) -> None:
+        super().__init__(
+            f"mploader: task {task_id} (indices {indices}) killed its worker twice "
+            f"({'; '.join(deaths)}); it is a poison task, so it is not retried again. "
+            f"Fetch these indices with num_workers=0 to see what happens.\n"
+            f"Last death: {last}",
+            worker_id=last.worker_id, pid=last.pid, exitcode=last.exitcode,
+            task_ids=(task_id,), indices=(indices,), likely_cause=last.likely_cause,
+        )
+        self.task_id = task_id
+
+
 @dataclass(slots=True)
 class RemoteError:
     """An exception captured in a worker, ready to be pickled onto the result pipe."""

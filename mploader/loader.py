@@ -109,7 +109,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             raise ValueError("prefetch_factor option should be non-negative")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        _check_additions(worker_hooks, shared_memory, max_worker_restarts)
+        _check_additions(dataset, worker_hooks, shared_memory, max_worker_restarts)
 
         self.dataset = dataset
         self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
@@ -298,7 +298,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         )
 
 
-def _check_additions(worker_hooks: Any, shared_memory: Any, max_worker_restarts: Any) -> None:
+def _check_additions(
+    dataset: Any, worker_hooks: Any, shared_memory: Any, max_worker_restarts: Any
+) -> None:
     if worker_hooks is not None and not isinstance(worker_hooks, WorkerHooks):
         raise TypeError(
             "worker_hooks option should be a mploader.WorkerHooks instance, but got "
@@ -308,6 +310,12 @@ def _check_additions(worker_hooks: Any, shared_memory: Any, max_worker_restarts:
         raise ValueError(
             "max_worker_restarts option should be a non-negative integer, but got "
             f"max_worker_restarts={max_worker_restarts!r}"
+        )
+    if max_worker_restarts and isinstance(dataset, IterableDataset):
+        raise ValueError(
+            "max_worker_restarts needs a map-style dataset: a replacement worker cannot resume "
+            "an IterableDataset's iterator where the dead worker left it, so its samples would "
+            "be lost or repeated; use max_worker_restarts=0 with an IterableDataset"
         )
     from mploader.shm_config import resolve_shared_memory_option
 

@@ -205,7 +205,7 @@ class WorkerLoop:
                 error.indices = task.indices
                 self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=error))
             return
-        started = time.perf_counter()
+        started = time.monotonic()  # CLOCK_MONOTONIC: comparable with the main process's
         try:
             samples = self.fetcher.fetch(task.indices)
         except StopIteration:
@@ -217,7 +217,7 @@ class WorkerLoop:
         except Exception as error:
             self.send_error(task, error)
             return
-        fetched = time.perf_counter()
+        fetched = time.monotonic()
         try:
             if spec.auto_collation and spec.uses_default_collate:
                 payload = self.channel.collate_and_encode(samples, self.wait_for_release)
@@ -231,7 +231,7 @@ class WorkerLoop:
             self.send_error(task, error)
             return
         done = TaskDone(task.epoch, task.task_id, spec.worker_id)
-        done.timings = {"fetch": fetched - started, "collate": time.perf_counter() - fetched}
+        done.timings = {"start": started, "fetched": fetched, "encoded": time.monotonic()}
         self.send(done, payload)
 
     def send_error(self, task: Task, error: BaseException) -> None:
