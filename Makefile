@@ -21,7 +21,7 @@ demo: setup
 	$(PY) examples/demo.py
 
 lint: setup
-	$(PY) -m ruff check mploader tests examples benchmarks
+	$(PY) -m ruff check .
 	$(PY) -m mypy
 
 test: lint
