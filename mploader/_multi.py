@@ -62,7 +62,7 @@ class MultiProcessIterator(BaseIterator):
         context = _resolve_context(settings.multiprocessing_context)
         self._restarts_left = settings.max_worker_restarts
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
-        self._group = WorkerGroup(self._make_spec, context, self._num_workers)
+        self._group = WorkerGroup(self._spec_template(), context, self._num_workers)
         self._monitor = IteratorMonitor(self._group.worker_pids(), settings.trace)
         self._channel = make_main_channel(
             settings.shared_memory, self._tag, self._group.queue_release
@@ -75,10 +75,11 @@ class MultiProcessIterator(BaseIterator):
         )
         self._reset(loader, first_iter=True)
 
-    def _make_spec(self, worker_id: int, inherited_fds: tuple[int, ...]) -> WorkerSpec:
+    def _spec_template(self) -> WorkerSpec:
+        """The spec every worker shares; the group fills in the worker id and the epoch."""
         settings = self._loader_settings
         return WorkerSpec(
-            worker_id=worker_id,
+            worker_id=-1,
             num_workers=self._num_workers,
             dataset=self._dataset,
             is_iterable=self._is_iterable,
@@ -93,7 +94,6 @@ class MultiProcessIterator(BaseIterator):
             loader_tag=self._tag,
             parent_pid=os.getpid(),
             epoch=self._epoch,
-            inherited_fds_to_close=inherited_fds,
         )
 
     # -- what code that reaches in expects (Lightning, tests) ------------------------------------
@@ -112,7 +112,7 @@ class MultiProcessIterator(BaseIterator):
         super()._reset(loader, first_iter)
         if not first_iter:
             self._epoch += 1
-            self._monitor.epoch = self._epoch
+            self._monitor.epoch = self._group.epoch = self._epoch
             for entry in self._table.reset():
                 self._discard_entry(entry)
             for worker_id in range(self._num_workers):

@@ -7,6 +7,7 @@ garbage-collected or the interpreter exits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mploader import _lifecycle
+from mploader import _lifecycle, _zygote
 from mploader._messages import Release, Stop
 from mploader._pipes import TaskWriter, Waiter, make_pipe
 from mploader.worker.loop import worker_main
@@ -73,8 +74,7 @@ class Event:
 
 
 class WorkerGroup:
-    def __init__(self, make_spec: Callable[[int, tuple[int, ...]], WorkerSpec], context: Any,
-                 num_workers: int) -> None:
+    def __init__(self, template: WorkerSpec, context: Any, num_workers: int) -> None:
         self.context = context
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
@@ -83,16 +83,16 @@ class WorkerGroup:
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
         self.oom_kills_at_start: int | None = None
-        self._start(make_spec, num_workers)
+        self.template = template
+        self.epoch = template.epoch  # the iterator moves it on; a restarted worker starts there
+        self._start(num_workers)
         _lifecycle.register(self)
 
     # -- starting --------------------------------------------------------------------------------
 
-    def _start(self, make_spec: Callable[[int, tuple[int, ...]], WorkerSpec],
-               num_workers: int) -> None:
+    def _start(self, num_workers: int) -> None:
         from mploader._death import oom_kill_count
 
-        self.make_spec = make_spec
         self.oom_kills_at_start = oom_kill_count()
         prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
         self.handles = [handle for handle, _ in prepared]
@@ -113,13 +113,23 @@ class WorkerGroup:
         """Pipes, spec and an unstarted process for ``worker_id``."""
         task_reader, task_writer = make_pipe()
         result_reader, result_writer = make_pipe()
-        spec = self.make_spec(worker_id, _lifecycle.main_side_fds() if self.forking else ())
-        process = self.context.Process(
-            target=worker_main,
-            args=(spec, task_reader, result_writer),
-            name=f"mploader-worker-{worker_id}",
-            daemon=True,
+        spec = dataclasses.replace(
+            self.template,
+            worker_id=worker_id,
+            epoch=self.epoch,
+            inherited_fds_to_close=_lifecycle.main_side_fds() if self.forking else (),
         )
+        name = f"mploader-worker-{worker_id}"
+        process: Any
+        if not self.forking and _zygote.enabled():
+            process = _zygote.ZygoteProcess(
+                _zygote.zygote_for(self.context), name, spec, task_reader, result_writer
+            )
+        else:
+            process = self.context.Process(
+                target=worker_main, args=(spec, task_reader, result_writer), name=name,
+                daemon=True,
+            )
         handle = WorkerHandle(worker_id, process, TaskWriter(task_writer), result_reader, -1)
         _lifecycle.add_main_side_fds(handle.writer.fd, result_reader.fileno())
         return handle, (task_reader, result_writer)

@@ -25,8 +25,14 @@ def _helper_process(process: psutil.Process) -> bool:
 
 
 def worker_children() -> list[psutil.Process]:
+    from mploader._zygote import helper_pids
+
+    helpers = set(helper_pids())
     children = psutil.Process().children(recursive=True)
-    return [c for c in children if not _helper_process(c) and c.status() != psutil.STATUS_ZOMBIE]
+    return [
+        c for c in children
+        if c.pid not in helpers and not _helper_process(c) and c.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def wait_until_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
