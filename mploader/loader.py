@@ -192,6 +192,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
         self._iterator: Any = None
         self.check_worker_number_rationality()
+        _warm_up_zygote(num_workers, self.multiprocessing_context)
 
     # -- the parts torch exposes -----------------------------------------------------------------
 
@@ -296,6 +297,18 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             "slowness/freeze if necessary.",
             stacklevel=2,
         )
+
+
+def _warm_up_zygote(num_workers: int, context: Any) -> None:
+    """Start the spawn/forkserver zygote now, so its torch import overlaps the user's own set-up
+    instead of delaying the first batch (see ``mploader._zygote``)."""
+    from mploader import _zygote
+
+    if num_workers == 0 or not _zygote.enabled():
+        return
+    resolved = context or python_multiprocessing.get_context()
+    if resolved.get_start_method() in ("spawn", "forkserver"):
+        _zygote.zygote_for(resolved)
 
 
 def _check_additions(
