@@ -86,12 +86,12 @@ def activate_hooks(hooks: WorkerHooks | None, info: WorkerInfo) -> None:
 def deactivate_hooks() -> None:
     """Close this process's session (if it made one) and run ``teardown``; idempotent."""
     hooks, info = _slot.hooks, _slot.info
-    _slot.hooks = None
     if hooks is None or info is None:
         return
     try:
-        close_worker_session()
+        close_worker_session()  # needs the hooks still active: they close the session
     finally:
+        _slot.hooks = None
         hooks.teardown(info)
 
 
