@@ -36,10 +36,10 @@ from mploader._settings import LoaderSettings
 from mploader._stats import LoaderStats
 from mploader._workers import BUSY, CRASHED, EXHAUSTED, READY, Event, WorkerGroup
 from mploader.errors import PoisonTaskError
+from mploader.shm.names import new_loader_tag
 from mploader.worker.spec import WorkerSpec
 
 _log = logging.getLogger("mploader")
-_iterator_numbers = itertools.count()
 
 
 class MultiProcessIterator(BaseIterator):
@@ -49,7 +49,7 @@ class MultiProcessIterator(BaseIterator):
         self._in_order = settings.in_order
         self._epoch = 0
         self._table = TaskTable(settings.in_order)
-        self._tag = f"{os.getpid()}-{next(_iterator_numbers)}"
+        self._tag = new_loader_tag()
         self._exhausted = [False] * self._num_workers
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         self._shutdown = False

@@ -9,9 +9,6 @@ def resolve_shared_memory_option(option: Any) -> Any:
     """``False`` -> ``None`` (plain pickling); ``True`` or a config -> a ``SharedMemoryConfig``."""
     if option is False or option is None:
         return None
-    try:  # TEMPORARY while mploader.shm is written; removed before commit
-        from mploader.shm import resolve_shared_memory
-    except ImportError:
-        return None
+    from mploader.shm import resolve_shared_memory
 
     return resolve_shared_memory(option)

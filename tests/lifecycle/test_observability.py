@@ -20,7 +20,8 @@ from .faulty import Slow
 
 
 def test_stats_fields_while_iterating():
-    loader = mploader.DataLoader(Slow(length=20, sleep=0.02), batch_size=2, num_workers=2,
+    # Items slow enough that the workers are still on prefetched tasks when stats() is read.
+    loader = mploader.DataLoader(Slow(length=20, sleep=0.15), batch_size=2, num_workers=2,
                                  multiprocessing_context="fork")
     iterator = iter(loader)
     for _ in range(3):

@@ -1,0 +1,145 @@
+"""Microbenchmarks of the shared-memory channel (not part of the test suite).
+
+    .venv/bin/python benchmarks/shm_micro.py            # both parts
+    .venv/bin/python benchmarks/shm_micro.py costs      # per-batch encode+decode, one process
+    .venv/bin/python benchmarks/shm_micro.py crossover  # inline vs block, across a real pipe
+
+``costs`` times ``collate_and_encode``/``encode`` in a WorkerChannel plus ``decode`` in a
+MainChannel and the release back, for the benchmark workloads' batches, in one process.
+
+``crossover`` runs a worker process and ping-pongs batches of one float32 tensor of each size
+through a ``multiprocessing.Pipe``, once with every leaf inline and once with every leaf in a
+block (releases ride back on the next request, as they would on the worker's control pipe), and
+reports the round trip per batch. ``SharedMemoryConfig.inline_threshold`` is chosen from it.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from mploader.shm import MainChannel, SharedMemoryConfig, WorkerChannel, new_loader_tag
+
+CROSSOVER_SIZES = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20]
+
+
+def _no_wait(timeout: float) -> list[tuple[int, int]]:
+    return []
+
+
+def _collect_into(releases: list[tuple[int, int]]) -> Callable[[int, int, int], None]:
+    def on_release(worker_id: int, block_id: int, generation: int) -> None:
+        releases.append((block_id, generation))
+
+    return on_release
+
+
+def measure_costs() -> None:
+    torch.set_num_threads(1)  # as in a worker
+    workloads: list[tuple[str, Callable[[], Any], bool, int]] = [
+        ("small_ints", lambda: [7], True, 20000),
+        ("small_tensors", lambda: [torch.randn(10) for _ in range(64)], True, 20000),
+        (
+            "medium",
+            lambda: [torch.randint(0, 255, (3, 224, 224), dtype=torch.uint8) for _ in range(32)],
+            True,
+            500,
+        ),
+        ("large (600 MB tensor)", lambda: torch.rand(250000, 602), False, 8),
+        (
+            "large_collate (1000 x 250x602)",
+            lambda: list(torch.from_numpy(np.random.rand(250000, 602).astype(np.float32))
+                         .split(250)),
+            True,
+            8,
+        ),
+    ]
+    tag = new_loader_tag()
+    for name, make, collate, repeats in workloads:
+        releases: list[tuple[int, int]] = []
+        worker = WorkerChannel(SharedMemoryConfig(), 0, 1, tag)
+        main = MainChannel(SharedMemoryConfig(), tag, _collect_into(releases))
+        data = make()
+        timings = []
+        for _ in range(repeats + 2):
+            started = time.perf_counter()
+            if collate:
+                payload = worker.collate_and_encode(data, _no_wait)
+            else:
+                payload = worker.encode(data, _no_wait)
+            batch = main.decode(0, payload)
+            del batch
+            for block_id, generation in releases:
+                worker.release(block_id, generation)
+            releases.clear()
+            timings.append(time.perf_counter() - started)
+        steady = timings[2:]  # the first batches create and map blocks
+        print(
+            f"{name:32s} median {statistics.median(steady) * 1e6:10.1f} us  "
+            f"min {min(steady) * 1e6:10.1f} us  first {timings[0] * 1e3:8.1f} ms"
+        )
+        worker.close()
+        main.close()
+        del data
+        gc.collect()
+
+
+def _crossover_worker(connection: Any, tag: str, threshold: int, nbytes: int) -> None:
+    torch.set_num_threads(1)
+    config = SharedMemoryConfig(inline_threshold=threshold)
+    with WorkerChannel(config, 0, 1, tag) as worker:
+        batch = torch.rand(nbytes // 4)
+        while True:
+            releases = connection.recv()
+            if releases is None:
+                return
+            for block_id, generation in releases:
+                worker.release(block_id, generation)
+            connection.send_bytes(worker.encode(batch, _no_wait))
+
+
+def _crossover_one(threshold: int, nbytes: int, rounds: int) -> float:
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    tag = new_loader_tag()
+    process = context.Process(target=_crossover_worker, args=(theirs, tag, threshold, nbytes))
+    process.start()
+    pending: list[tuple[int, int]] = []
+    config = SharedMemoryConfig(inline_threshold=threshold)
+    with MainChannel(config, tag, lambda w, b, g: pending.append((b, g))) as main:
+        timings = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            ours.send(pending[:])
+            pending.clear()
+            batch = main.decode(0, ours.recv_bytes())
+            float(batch[:: 1024].sum())  # touch every 4 KiB page once
+            del batch
+            timings.append(time.perf_counter() - started)
+        ours.send(None)
+    process.join()
+    return statistics.median(timings[rounds // 10:])
+
+
+def measure_crossover() -> None:
+    print(f"{'leaf bytes':>10s} {'inline us':>10s} {'block us':>10s}")
+    for nbytes in CROSSOVER_SIZES:
+        inline = _crossover_one(nbytes + 1, nbytes, 2000)
+        block = _crossover_one(0, nbytes, 2000)
+        print(f"{nbytes:10d} {inline * 1e6:10.1f} {block * 1e6:10.1f}")
+
+
+if __name__ == "__main__":
+    parts = sys.argv[1:] or ["costs", "crossover"]
+    if "costs" in parts:
+        measure_costs()
+    if "crossover" in parts:
+        measure_crossover()

@@ -1,0 +1,58 @@
+"""Frozen snapshots of the channel's counters (worker pools and the main side)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """One worker's pool, as of its latest message.
+
+    blocks/bytes: blocks currently held and their total size; blocks_in_use: of those, handed out
+    and not yet released; reuse_hits/reuse_misses: batches that found a free block / had to create
+    one; evictions: free blocks removed to make room for another size class; waits/wait_seconds:
+    times the worker blocked for a release because the budget was exhausted, and for how long.
+    """
+
+    worker_id: int
+    worker_pid: int
+    budget_bytes: int
+    blocks: int
+    bytes: int
+    blocks_in_use: int
+    reuse_hits: int
+    reuse_misses: int
+    evictions: int
+    waits: int
+    wait_seconds: float
+    inline_leaves: int
+    shm_leaves: int
+    messages: int
+    stale_releases: int
+
+    def to_tuple(self) -> tuple:
+        """The compact form carried in every message."""
+        return tuple(getattr(self, field.name) for field in fields(self))
+
+    @classmethod
+    def from_tuple(cls, values: tuple) -> PoolStatistics:
+        return cls(*values)
+
+
+@dataclass(frozen=True)
+class ChannelStatistics:
+    """The main side: per-worker pools as last reported, plus what the main process maps.
+
+    mapped_blocks/mapped_bytes: blocks this process keeps mapped in its cache; live_batches: batches
+    whose views are still referenced (their blocks are not yet released); decodes/discards: messages
+    handled; releases: blocks handed back through ``on_release``.
+    """
+
+    workers: tuple[PoolStatistics, ...]
+    mapped_blocks: int
+    mapped_bytes: int
+    live_batches: int
+    decodes: int
+    discards: int
+    releases: int

@@ -1,0 +1,63 @@
+"""Datasets for the DataLoader-level NebulaGraph tests (top level: spawn pickles them)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+import mploader
+
+
+class YieldThroughWorkerSession(Dataset):
+    """Item i asks the server ``YIELD i`` through the worker's own session."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        session = mploader.worker_session()
+        value = session.execute(f"YIELD {index} AS q").rows()[0].values[0].get_iVal()
+        return torch.tensor([index, value, os.getpid(), session.session_id])
+
+
+class YieldThroughInheritedSession(Dataset):
+    """The hazard: every worker queries through one raw nebula3 session made in the parent.
+
+    A reply that belongs to another process's query, or a broken stream, counts as wrong (-1).
+    """
+
+    def __init__(self, session: Any, length: int) -> None:
+        self.session = session
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        try:
+            result = self.session.execute(f"YIELD {index} AS q")
+            value = result.rows()[0].values[0].get_iVal() if result.is_succeeded() else -1
+        except Exception:
+            value = -1
+        return torch.tensor([index, value])
+
+
+class FetchFeatures(Dataset):
+    """Item i: features and label of vertex i through a NebulaFeatureStore."""
+
+    def __init__(self, store: Any, length: int) -> None:
+        self.store = store
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features, labels = self.store.fetch([index])
+        return features[0], labels[0]

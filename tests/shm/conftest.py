@@ -1,0 +1,23 @@
+"""Fixtures for the shared-memory channel tests.
+
+Every test here runs under ``no_leaked_names``: afterwards ``/dev/shm`` must hold no new
+``mploader-*`` entry created by this process or by a process that is gone (entries of other live
+processes, say a concurrent test run, are not ours to judge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from _shm_helpers import leaked_names
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_names() -> Iterator[None]:
+    from mploader.shm.names import list_names
+
+    before = set(list_names())
+    yield
+    leaked = leaked_names(before)
+    assert not leaked, f"test left shared-memory entries behind: {sorted(leaked)}"

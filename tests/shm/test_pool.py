@@ -1,0 +1,222 @@
+"""Size classes, budget, backpressure, eviction, and the errors for too little memory."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+import torch
+from _shm_helpers import Loopback, names_of
+
+from mploader.shm import (
+    BatchTooLargeError,
+    SharedMemoryConfig,
+    SharedMemoryFullError,
+    resolve_shared_memory,
+)
+from mploader.shm.block import FREE_BYTES_ENV
+from mploader.shm.pool import size_class
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "expected"),
+    [
+        (1, MIB),
+        (MIB, MIB),
+        (MIB + 1, MIB + MIB // 4),
+        (3 * MIB, 3 * MIB),
+        (3 * MIB + 1, 3 * MIB + MIB // 2),
+        (602_000_000, 640 * MIB),
+        (2 << 30, 2 << 30),
+    ],
+)
+def test_size_classes(nbytes, expected):
+    assert size_class(nbytes, MIB) == expected
+
+
+def test_size_classes_waste_at_most_a_quarter():
+    for nbytes in range(MIB + 1, 64 * MIB, 77_777):
+        size = size_class(nbytes, MIB)
+        assert nbytes <= size < nbytes * 1.25 + 1
+        assert size % 4096 == 0
+
+
+def tensor_of(nbytes: int, value: float = 1.0) -> torch.Tensor:
+    return torch.full((nbytes // 4,), value)
+
+
+def test_blocks_are_reused_by_size_class():
+    with Loopback() as loop:
+        for nbytes in (3 * MIB, 3 * MIB - 4096, 2 * MIB + 8192):  # one class: 3 MiB
+            batch = loop.roundtrip(tensor_of(nbytes))
+            del batch
+            loop.deliver_releases()
+        statistics = loop.worker.statistics()
+        assert (statistics.blocks, statistics.reuse_misses, statistics.reuse_hits) == (1, 1, 2)
+
+
+def test_budget_is_divided_among_workers():
+    config = SharedMemoryConfig(budget_bytes=40 * MIB)
+    with Loopback(config, num_workers=4) as loop:
+        assert loop.worker.statistics().budget_bytes == 10 * MIB
+
+
+def test_default_budget_is_a_quarter_of_dev_shm_at_most_8_gib():
+    import os
+
+    stats = os.statvfs("/dev/shm")
+    expected = min(stats.f_blocks * stats.f_frsize // 4, 8 << 30)
+    assert SharedMemoryConfig().effective_budget_bytes() == expected
+
+
+def test_over_budget_the_worker_waits_for_a_release():
+    config = SharedMemoryConfig(budget_bytes=8 * MIB)
+    with Loopback(config) as loop:
+        first = loop.roundtrip(tensor_of(4 * MIB, 1.0))
+        second = loop.roundtrip(tensor_of(4 * MIB, 2.0))
+        released = threading.Event()
+        calls: list[float] = []
+
+        def wait_for_release(timeout: float) -> list[tuple[int, int]]:
+            calls.append(timeout)
+            if not released.wait(timeout):
+                return []
+            pairs = [(block_id, generation) for _, block_id, generation in loop.pending]
+            loop.pending.clear()
+            return pairs
+
+        payloads = []
+        encoder = threading.Thread(
+            target=lambda: payloads.append(
+                loop.worker.encode(tensor_of(4 * MIB, 3.0), wait_for_release)
+            )
+        )
+        encoder.start()
+        time.sleep(0.3)
+        assert encoder.is_alive() and calls  # blocked, waiting on the callback (not spinning)
+        assert len(calls) <= 2
+        del first
+        released.set()
+        encoder.join(5)
+        assert not encoder.is_alive()
+        third = loop.main.decode(0, payloads[0])
+        assert torch.equal(third, tensor_of(4 * MIB, 3.0))
+        assert torch.equal(second, tensor_of(4 * MIB, 2.0))
+        statistics = loop.worker.statistics()
+        assert statistics.waits == 1 and statistics.wait_seconds >= 0.25
+        assert statistics.blocks == 2 and statistics.bytes == 8 * MIB
+
+
+def test_free_blocks_of_another_class_are_evicted_to_make_room():
+    config = SharedMemoryConfig(budget_bytes=8 * MIB)
+    with Loopback(config) as loop:
+        small = [loop.roundtrip(tensor_of(2 * MIB)) for _ in range(3)]  # 3 x 2 MiB
+        del small
+        loop.deliver_releases()
+        big = loop.roundtrip(tensor_of(5 * MIB))  # 5 MiB class: two 2 MiB blocks must go
+        statistics = loop.worker.statistics()
+        assert statistics.evictions == 2 and statistics.bytes == 7 * MIB
+        assert loop.main.statistics().mapped_blocks == 2  # main unmapped the retired ones
+        assert torch.equal(big, tensor_of(5 * MIB))
+
+
+def test_a_free_larger_block_is_used_when_over_budget():
+    config = SharedMemoryConfig(budget_bytes=8 * MIB)
+    with Loopback(config) as loop:
+        big = loop.roundtrip(tensor_of(7 * MIB + MIB // 2))  # an 8 MiB block: all the budget
+        del big
+        loop.deliver_releases()
+        small = loop.roundtrip(tensor_of(MIB // 2))
+        statistics = loop.worker.statistics()
+        assert (statistics.blocks, statistics.reuse_hits, statistics.evictions) == (1, 1, 0)
+        del small
+
+
+def test_a_batch_larger_than_the_worker_budget_is_a_clear_error():
+    config = SharedMemoryConfig(budget_bytes=8 * MIB)
+    with Loopback(config, num_workers=2) as loop:
+        with pytest.raises(BatchTooLargeError) as caught:
+            loop.worker.encode(tensor_of(5 * MIB), loop.wait_for_release)
+        message = str(caught.value)
+        assert "5242880 bytes" in message and "4194304 bytes" in message
+        assert "budget_bytes" in message and "2 worker" in message
+        assert isinstance(caught.value, ValueError)
+        assert loop.worker.statistics().blocks == 0
+
+
+def test_a_batch_that_fits_the_budget_but_not_its_size_class_gets_an_exact_block():
+    with Loopback(SharedMemoryConfig(budget_bytes=7 * MIB + MIB // 2)) as loop:
+        batch = loop.roundtrip(tensor_of(7 * MIB + MIB // 4))  # its class would be 8 MiB
+        assert loop.worker.statistics().bytes == 7 * MIB + MIB // 4
+        del batch
+
+
+def test_full_dev_shm_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(FREE_BYTES_ENV, str(3 * MIB))
+    with Loopback() as loop:
+        with pytest.raises(SharedMemoryFullError) as caught:
+            loop.worker.encode(tensor_of(4 * MIB), loop.wait_for_release)
+        error = caught.value
+        assert isinstance(error, RuntimeError) and isinstance(error, OSError)
+        message = str(error)
+        for part in ("/dev/shm", "4194304 bytes", "3145728 bytes", "budget_bytes",
+                     "fewer workers", "shared_memory=False", "mount -o remount,size="):
+            assert part in message, part
+        assert names_of(loop.tag) == []  # nothing half-created
+        copy = pickle.loads(pickle.dumps(error))  # travels from worker to main intact
+        assert str(copy) == message and copy.needed_bytes == 4 * MIB
+        # small batches still work: inline leaves need no block
+        assert torch.equal(loop.roundtrip(torch.ones(3)), torch.ones(3))
+
+
+def test_resolve_shared_memory():
+    assert resolve_shared_memory(True) == SharedMemoryConfig()
+    assert resolve_shared_memory(False) is None
+    config = SharedMemoryConfig(budget_bytes=MIB)
+    assert resolve_shared_memory(config) is config
+    with pytest.raises(TypeError, match="shared_memory must be True, False or"):
+        resolve_shared_memory("yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        resolve_shared_memory(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"budget_bytes": 0}, {"inline_threshold": -1}, {"min_block_bytes": 5000},
+     {"min_block_bytes": 1024}],
+)
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError):
+        SharedMemoryConfig(**kwargs)
+
+
+def test_bad_loader_tag_is_rejected():
+    from mploader.shm import WorkerChannel
+
+    with pytest.raises(ValueError, match="loader_tag"):
+        WorkerChannel(SharedMemoryConfig(), 0, 1, "no-pid-here-x")
+
+
+def test_close_is_idempotent_and_unlinks_unseen_names():
+    with Loopback() as loop:
+        payload = loop.worker.encode(tensor_of(2 * MIB), loop.wait_for_release)
+        assert len(names_of(loop.tag)) == 1  # not yet mapped by the main process
+        loop.worker.close()
+        loop.worker.close()
+        assert names_of(loop.tag) == []
+        with pytest.raises(RuntimeError, match="closed"):
+            loop.worker.encode(1, loop.wait_for_release)
+        del payload
+
+
+def test_main_unlinks_a_name_as_soon_as_it_maps_it():
+    with Loopback() as loop:
+        payload = loop.worker.encode(tensor_of(2 * MIB), loop.wait_for_release)
+        assert len(names_of(loop.tag)) == 1
+        batch = loop.main.decode(0, payload)
+        assert names_of(loop.tag) == []
+        del batch
