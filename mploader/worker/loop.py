@@ -39,6 +39,7 @@ from mploader.errors import RemoteError
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
 from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
+from mploader.worker.memory import keep_large_allocations_on_heap
 from mploader.worker.spec import WorkerSpec
 from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 
@@ -94,6 +95,7 @@ class WorkerLoop:
 
     def start(self) -> None:
         spec = self.spec
+        keep_large_allocations_on_heap()
         torch.set_num_threads(1)
         seed = seed_worker(spec.base_seed, spec.worker_id)
         info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.dataset)
