@@ -8,13 +8,17 @@ code the main thread happens to be running.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import weakref
 from typing import Any
 
 _groups: weakref.WeakSet[Any] = weakref.WeakSet()
-_main_side_fds: set[int] = set()
+# fd -> (st_dev, st_ino) of the pipe it was when registered.  A forked worker closes an fd only
+# if it is still that pipe: an fd number closed and reused elsewhere must never be closed by
+# mistake (it could be the worker's own sentinel pipe).
+_main_side_fds: dict[int, tuple[int, int]] = {}
 _lock = threading.Lock()
 _previous_handler: Any = None
 _handler_installed = False
@@ -36,20 +40,43 @@ def live_groups() -> list[Any]:
         return list(_groups)
 
 
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        status = os.fstat(fd)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def add_main_side_fds(*fds: int) -> None:
     with _lock:
-        _main_side_fds.update(fds)
+        for fd in fds:
+            identity = _identity(fd)
+            if identity is not None:
+                _main_side_fds[fd] = identity
 
 
 def remove_main_side_fds(*fds: int) -> None:
     with _lock:
-        _main_side_fds.difference_update(fds)
+        for fd in fds:
+            _main_side_fds.pop(fd, None)
 
 
-def main_side_fds() -> tuple[int, ...]:
-    """fds a forked worker must close: the main-process ends of every other worker's pipes."""
+def main_side_fds() -> tuple[tuple[int, tuple[int, int]], ...]:
+    """fds a forked worker must close (the main-process ends of every other worker's pipes),
+    each with the identity it must still have."""
     with _lock:
-        return tuple(sorted(_main_side_fds))
+        return tuple(sorted(_main_side_fds.items()))
+
+
+def close_inherited(fds: tuple[tuple[int, tuple[int, int]], ...]) -> None:
+    """In a forked worker: close the listed fds that are still the pipes they were."""
+    for fd, identity in fds:
+        if _identity(fd) == identity:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _on_sigchld(signum: int, frame: Any) -> None:

@@ -36,6 +36,8 @@ TERMINATE_GRACE_SECONDS = 1.0
 # After a fatal error or Ctrl-C nobody wants the current tasks' results: a worker stuck in one
 # (the usual cause of a timeout) is not waited for long.
 URGENT_DEADLINE_SECONDS = 0.5
+# A worker's sentinel fires when it ends; its exit status is normally there within microseconds.
+REAP_SECONDS = 2.0
 
 STARTING, READY, BUSY, EXHAUSTED, STOPPING, EXITED, CRASHED = (
     "starting",
@@ -242,7 +244,19 @@ class WorkerGroup:
             handle.reader.close()
 
     def _reap(self, handle: WorkerHandle) -> None:
-        handle.process.join(timeout=1.0)
+        """Collect the exit status of a worker whose sentinel fired, without ever blocking.
+
+        (``Process.join(timeout)`` waits on the sentinel and then calls a *blocking* waitpid; if
+        the sentinel fired while the process still lives, that would hang forever.)
+        """
+        deadline = time.monotonic() + REAP_SECONDS
+        while handle.process.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if handle.process.is_alive():
+            _log.warning("worker %d (pid %s): its sentinel closed but it still runs; killing it",
+                         handle.worker_id, handle.pid)
+            handle.process.kill()
+            handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
         handle.ended = True
         self.waiter.unwatch(handle.sentinel)
         self.waiter.unwatch(handle.writer.fd)

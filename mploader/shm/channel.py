@@ -136,12 +136,12 @@ class WorkerChannel:
         pool = self._pool
         if pool is None:
             return (self.worker_id, self._worker_pid, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0,
-                    self._messages, 0)
+                    self._messages, 0, 0)
         return (
             self.worker_id, self._worker_pid, pool.budget_bytes, pool.blocks, pool.bytes,
             pool.blocks_in_use, pool.reuse_hits, pool.reuse_misses, pool.evictions, pool.waits,
             pool.wait_seconds, self._inline_leaves, self._block_leaves, self._messages,
-            pool.stale_releases,
+            pool.stale_releases, pool.spills,
         )
 
     def _check_open(self) -> None:

@@ -27,13 +27,16 @@ WaitForRelease = Callable[[float], Iterable[tuple[int, int]]]
 
 _PAGE = 4096
 
-# One wait_for_release call blocks at most this long; the loop around it keeps waiting, so the
-# value only bounds how late the long-wait warning below can come.
-_WAIT_SLICE_SECONDS = 1.0
+# One wait_for_release call blocks at most this long before the pool looks again.
+_WAIT_SLICE_SECONDS = 0.25
 
-# A wait this long usually means the consumer holds every batch of this worker (e.g. appends
-# them to a list); warn once so the hang has an explanation, and keep waiting.
-_LONG_WAIT_SECONDS = 60.0
+# Over budget, a worker waits this long for the consumer to drop a batch (backpressure); past it,
+# the consumer is taken to be *keeping* batches (appending them to a list), and the worker spills:
+# it creates a block beyond the budget rather than wait forever.  Spilled memory goes back as soon
+# as batches are dropped (a released block is evicted while the pool is over budget).  Two
+# seconds is longer than a normal training step's hold on one batch, and short enough that a
+# consumer keeping every batch sees a slower loader, not a hung one.
+SPILL_AFTER_SECONDS = 2.0
 
 # A free block up to this many times the size class a batch needs is reused rather than creating
 # a new block while under budget; larger ones would waste memory for the batch's lifetime.
@@ -92,7 +95,9 @@ class BlockPool:
         self._sequence = itertools.count()
         self._clock = itertools.count(1)
         self._retired: list[int] = []
-        self._warned_long_wait = False
+        self._warned_spill = False
+        self._spilling = False  # spilled, and the consumer has dropped nothing since
+        self.spills = 0
         self.bytes = 0
         self.reuse_hits = 0
         self.reuse_misses = 0
@@ -111,6 +116,11 @@ class BlockPool:
         wait_started: float | None = None
         while True:
             block = self._find_free_block(nbytes)
+            if block is None and (self._spilling or (
+                wait_started is not None
+                and time.monotonic() - wait_started >= SPILL_AFTER_SECONDS
+            )):
+                block = self._spill(nbytes, time.monotonic() - (wait_started or time.monotonic()))
             if block is None:
                 wait_started = self._wait(wait_for_release, wait_started)
                 continue
@@ -132,6 +142,9 @@ class BlockPool:
             return
         block.in_use = False
         block.last_used = next(self._clock)
+        self._spilling = False
+        if self.bytes > self.budget_bytes:  # spilled earlier: give the excess back now
+            self._evict_until(self.budget_bytes)
 
     def take_retired(self) -> tuple[int, ...]:
         """Block ids evicted since the last call, for the main process to unmap."""
@@ -238,15 +251,23 @@ class BlockPool:
         after = time.monotonic()
         if not released and after - now < _WAIT_SLICE_SECONDS / 2:
             time.sleep(_EMPTY_WAIT_SLEEP_SECONDS)
-        if after - wait_started > _LONG_WAIT_SECONDS and not self._warned_long_wait:
-            self._warned_long_wait = True
+        return wait_started
+
+    def _spill(self, nbytes: int, waited: float) -> Block:
+        """A block beyond the budget, because the consumer keeps batches (see SPILL_AFTER)."""
+        self.spills += 1
+        self._spilling = True
+        if not self._warned_spill:
+            self._warned_spill = True
             warnings.warn(
-                f"mploader worker {self.worker_id} (pid {self.worker_pid}) has waited "
-                f"{after - wait_started:.0f} s for a free shared-memory block: all "
-                f"{self.bytes} bytes of its budget are held by batches the main process still "
-                f"references. Drop old batches, or raise SharedMemoryConfig(budget_bytes=...). "
-                f"Still waiting.",
+                f"mploader worker {self.worker_id} (pid {self.worker_pid}) waited "
+                f"{waited:.1f} s for a free shared-memory block: all {self.bytes} bytes of its "
+                f"budget ({self.budget_bytes} bytes) are held by batches the main process still "
+                "references, so it is going over budget instead of waiting. The extra memory "
+                "is given back as those batches are dropped. Drop batches you no longer need "
+                "(or copy what you keep: batch.clone()), or raise "
+                "SharedMemoryConfig(budget_bytes=...).",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return wait_started
+        return self._create(self._size_for(nbytes))

@@ -12,7 +12,8 @@ class PoolStatistics:
     blocks/bytes: blocks currently held and their total size; blocks_in_use: of those, handed out
     and not yet released; reuse_hits/reuse_misses: batches that found a free block / had to create
     one; evictions: free blocks removed to make room for another size class; waits/wait_seconds:
-    times the worker blocked for a release because the budget was exhausted, and for how long.
+    times the worker blocked for a release because the budget was exhausted, and for how long;
+    spills: blocks created beyond the budget because the consumer kept batches past the wait.
     """
 
     worker_id: int
@@ -30,6 +31,7 @@ class PoolStatistics:
     shm_leaves: int
     messages: int
     stale_releases: int
+    spills: int
 
     def to_tuple(self) -> tuple:
         """The compact form carried in every message."""

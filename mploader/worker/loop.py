@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from mploader import _lifecycle
 from mploader._messages import (
     SEPARATE_FRAME_BYTES,
     IterableExhausted,
@@ -55,11 +56,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     # Ctrl-C reaches the whole process group; the main process decides what happens, not us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable()  # a segfault in native code prints the Python stack to stderr
-    for fd in spec.inherited_fds_to_close:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    # `kill -USR1 <worker pid>` prints what every thread of the worker is doing, then goes on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _lifecycle.close_inherited(spec.inherited_fds_to_close)
     WorkerLoop(spec, tasks, results).run()
 
 

@@ -28,4 +28,4 @@ class WorkerSpec:
     epoch: int
     # Under fork, the main-process ends of *other* workers' pipes are inherited too; the worker
     # closes them so that a pipe's EOF means what it says.
-    inherited_fds_to_close: tuple[int, ...] = ()
+    inherited_fds_to_close: tuple[tuple[int, tuple[int, int]], ...] = ()  # fd, (dev, inode)
