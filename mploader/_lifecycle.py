@@ -79,6 +79,24 @@ def close_inherited(fds: tuple[tuple[int, tuple[int, int]], ...]) -> None:
                 pass
 
 
+def _forget_parent_state() -> None:
+    """In a forked child: the parent's worker groups and fds are not ours, nor is SIGCHLD."""
+    global _handler_installed, _previous_handler, _lock
+    _lock = threading.Lock()  # the parent may have held it while forking
+    _groups.clear()
+    _main_side_fds.clear()
+    if _handler_installed:
+        previous = _previous_handler
+        _handler_installed, _previous_handler = False, None
+        try:
+            signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
+        except ValueError:
+            pass  # not the main thread: the handler then only wakes nothing
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
+
+
 def _on_sigchld(signum: int, frame: Any) -> None:
     for group in live_groups():
         group.note_child_exit()

@@ -345,6 +345,9 @@ def _shut_down(
     urgency: list[bool],
     monitor: IteratorMonitor,
 ) -> None:
+    if os.getpid() != group.owner_pid:
+        return  # a forked child collecting its copy of the iterator: the workers are not its own
+
     def discard(event: Event) -> None:
         if isinstance(event.message, TaskDone) and event.payload is not None:
             channel.discard(event.worker_id, event.payload)

@@ -7,6 +7,7 @@ works unchanged with and without workers.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -25,7 +26,7 @@ class SingleProcessIterator(BaseIterator):
             info = make_worker_info(0, 1, self._base_seed, self._dataset)
             activate_hooks(settings.worker_hooks, info)
             self._hooks_active = True
-            self._finalizer = weakref.finalize(self, deactivate_hooks)
+            self._finalizer = weakref.finalize(self, _deactivate_hooks_in, os.getpid())
         self._fetcher = make_fetcher(
             self._dataset, self._is_iterable, self._auto_collation, self._drop_last
         )
@@ -45,3 +46,9 @@ class SingleProcessIterator(BaseIterator):
         if self._hooks_active:
             self._hooks_active = False
             self._finalizer()
+
+
+def _deactivate_hooks_in(pid: int) -> None:
+    """Close the session and run ``teardown`` only in the process that ran ``setup``."""
+    if os.getpid() == pid:
+        deactivate_hooks()

@@ -85,6 +85,7 @@ class WorkerGroup:
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
         self.oom_kills_at_start: int | None = None
+        self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
         self.template = template
         self.epoch = template.epoch  # the iterator moves it on; a restarted worker starts there
         self._start(num_workers)
@@ -187,7 +188,7 @@ class WorkerGroup:
 
     def queue_release(self, worker_id: int, block_id: int, generation: int) -> None:
         """Called by the channel, possibly from a GC finalizer in any thread: never blocks."""
-        if self.closed:
+        if self.closed or os.getpid() != self.owner_pid:
             return
         self._releases.append((worker_id, block_id, generation))
         self.waiter.wake()
@@ -267,8 +268,8 @@ class WorkerGroup:
                  urgent: bool = False) -> None:
         """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent."""
         with self._lock:
-            if self.closed:
-                return
+            if self.closed or os.getpid() != self.owner_pid:
+                return  # already done, or a copy inherited by a forked child: not ours to stop
             self.closed = True
         try:
             for handle in self.handles:

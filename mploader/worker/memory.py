@@ -13,7 +13,6 @@ defaults.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 _M_TRIM_THRESHOLD = -1
@@ -26,12 +25,10 @@ def keep_large_allocations_on_heap() -> bool:
     """Apply the policy above; False where it does not apply (not glibc, or turned off)."""
     if os.environ.get("MPLOADER_WORKER_MALLOC", "heap") == "default":
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # The running program's own symbols, libc's among them.  (ctypes.util.find_library would
+        # run ldconfig in a subprocess: slow, and a child process of the worker.)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False  # musl and others have no mallopt
     return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))

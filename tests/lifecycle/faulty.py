@@ -71,3 +71,18 @@ class Slow(Dataset):
     def __getitem__(self, index: int):
         time.sleep(self.sleep)
         return torch.tensor([index])
+
+
+class CollectsGarbage(Dataset):
+    """Each item runs the cyclic collector and a subprocess (a SIGCHLD) inside the worker."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int):
+        import gc
+        import subprocess
+
+        gc.collect()
+        subprocess.run(["true"], check=True)
+        return torch.tensor([index])

@@ -136,3 +136,30 @@ def test_workers_exit_when_the_parent_is_killed(start_method):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_forked_child_never_shuts_down_the_parents_loader():
+    """Regression: a forked child's garbage collector found its inherited copy of an abandoned
+    iterator and ran that iterator's shutdown in the child: it stopped the parent's workers and
+    could block reading their result pipes.  Shutdown now belongs to the process that started
+    the workers; a child (a worker of another loader, or user code calling fork) leaves it."""
+    loader = mploader.DataLoader(Slow(length=24, sleep=0.01), batch_size=2, num_workers=2,
+                                 multiprocessing_context="fork")
+    gc.disable()  # the abandoned iterator stays uncollected in the parent while the child runs
+    try:
+        iterator = iter(loader)
+        next(iterator)
+        pids = [process.pid for process in iterator._workers]
+        cycle = {"iterator": iterator}
+        cycle["self"] = cycle
+        del cycle, iterator  # garbage now, reachable by no frame
+        child = os.fork()
+        if child == 0:
+            gc.collect()
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert wait_until_gone(pids, seconds=0.3) == pids  # the child stopped nobody
+    finally:
+        gc.enable()
+    gc.collect()  # the parent's own collection does shut them down
+    assert wait_until_gone(pids, seconds=3) == []
