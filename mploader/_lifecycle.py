@@ -3,7 +3,9 @@
 ``SIGCHLD`` is the second line of defence: the main process already waits on every worker's
 sentinel, so a death is seen at once whenever it is waiting.  The handler only wakes a waiting
 iterator (and chains any previous handler); unlike torch's, it never raises from inside whatever
-code the main thread happens to be running.
+code the main thread happens to be running.  It takes no lock and allocates next to nothing: it
+can run in the middle of any code of this module, or of itself (several children ending together
+deliver nested SIGCHLDs), so it reads an immutable tuple that writers replace whole.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 import weakref
 from typing import Any
 
-_groups: weakref.WeakSet[Any] = weakref.WeakSet()
+_groups: tuple[weakref.ref[Any], ...] = ()  # replaced whole under _lock, read without it
 # fd -> (st_dev, st_ino) of the pipe it was when registered.  A forked worker closes an fd only
 # if it is still that pipe: an fd number closed and reused elsewhere must never be closed by
 # mistake (it could be the worker's own sentinel pipe).
@@ -25,19 +27,21 @@ _handler_installed = False
 
 
 def register(group: Any) -> None:
+    global _groups
     with _lock:
-        _groups.add(group)
+        _groups = (*(ref for ref in _groups if ref() is not None), weakref.ref(group))
     _install_sigchld_handler()
 
 
 def unregister(group: Any) -> None:
+    global _groups
     with _lock:
-        _groups.discard(group)
+        _groups = tuple(ref for ref in _groups if ref() is not None and ref() is not group)
 
 
 def live_groups() -> list[Any]:
-    with _lock:
-        return list(_groups)
+    """The registered groups still alive; lock-free, safe inside a signal handler."""
+    return [group for group in (ref() for ref in _groups) if group is not None]
 
 
 def _identity(fd: int) -> tuple[int, int] | None:
@@ -81,9 +85,9 @@ def close_inherited(fds: tuple[tuple[int, tuple[int, int]], ...]) -> None:
 
 def _forget_parent_state() -> None:
     """In a forked child: the parent's worker groups and fds are not ours, nor is SIGCHLD."""
-    global _handler_installed, _previous_handler, _lock
+    global _handler_installed, _previous_handler, _lock, _groups
     _lock = threading.Lock()  # the parent may have held it while forking
-    _groups.clear()
+    _groups = ()
     _main_side_fds.clear()
     if _handler_installed:
         previous = _previous_handler

@@ -104,6 +104,7 @@ class Waiter:
         self._poll = select.poll()
         self._read_fds: set[int] = set()
         self._write_fds: set[int] = set()
+        self.closed = False
         self.wakeup_read, self.wakeup_write = os.pipe()
         os.set_blocking(self.wakeup_read, False)
         os.set_blocking(self.wakeup_write, False)
@@ -151,6 +152,8 @@ class Waiter:
 
     def wake(self) -> None:
         """Make a blocked ``wait`` return; safe from signal handlers, finalizers, other threads."""
+        if self.closed:
+            return  # the fd number may already belong to someone else
         try:
             os.write(self.wakeup_write, b"\0")
         except (BlockingIOError, OSError):
@@ -164,6 +167,9 @@ class Waiter:
             pass
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         for fd in (self.wakeup_read, self.wakeup_write):
             try:
                 os.close(fd)

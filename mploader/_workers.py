@@ -312,6 +312,7 @@ class WorkerGroup:
                     discard(event)  # drained so a worker blocked writing can see Stop
 
     def _release_resources(self) -> None:
+        _lifecycle.unregister(self)  # first: the SIGCHLD handler must not wake a closed waiter
         for handle in self.handles:
             if not handle.ended:
                 handle.ended = handle.process.exitcode is not None
@@ -320,7 +321,6 @@ class WorkerGroup:
             handle.writer.close()
         self._releases.clear()
         self.waiter.close()
-        _lifecycle.unregister(self)
 
     def note_child_exit(self) -> None:
         """SIGCHLD: some child ended; make a blocked wait look at the sentinels now."""

@@ -163,3 +163,33 @@ def test_a_forked_child_never_shuts_down_the_parents_loader():
         gc.enable()
     gc.collect()  # the parent's own collection does shut them down
     assert wait_until_gone(pids, seconds=3) == []
+
+
+def test_the_sigchld_handler_takes_no_lock():
+    """Regression: the handler took the module's lock; a SIGCHLD arriving while it was held (by
+    register(), or by the handler itself when several workers end together) deadlocked."""
+    import threading
+
+    from mploader import _lifecycle
+
+    done = threading.Event()
+
+    def handle_while_locked() -> None:
+        with _lifecycle._lock:
+            _lifecycle._on_sigchld(signal.SIGCHLD, None)
+        done.set()
+
+    thread = threading.Thread(target=handle_while_locked, daemon=True)
+    thread.start()
+    assert done.wait(2.0), "the SIGCHLD handler blocked on a lock its own process holds"
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_many_workers_ending_together():
+    """Eight workers stopping at once deliver nested SIGCHLDs; thirty rounds must not hang."""
+    for _ in range(30):
+        loader = mploader.DataLoader(Slow(length=64, sleep=0.0), batch_size=1, num_workers=8,
+                                     multiprocessing_context="fork")
+        iterator = iter(loader)
+        next(iterator)
+        iterator._shutdown_workers()
