@@ -1,0 +1,942 @@
+"""torch.utils.data.DataLoader versus mploader.DataLoader, side by side in one run.
+
+    .venv/bin/python benchmarks/versus.py                          # every workload (~3-4 min)
+    .venv/bin/python benchmarks/versus.py --only large,medium      # some of them
+    .venv/bin/python benchmarks/versus.py --repeats 9              # more repetitions
+    .venv/bin/python benchmarks/versus.py --quick                  # ~1 min smoke run
+    .venv/bin/python benchmarks/versus.py --json out.json          # also save the figures
+
+The workloads, torch's figures on the project's 2-core machines and the target ratios are those of
+the benchmark plan (``/work/shared/BENCHMARKS.md``). Every workload runs torch (A) and mploader (B)
+alternately, A B A B, and the table reports the median of the repetitions and the ratio of the
+medians, torch / mploader (> 1 means mploader is faster).
+
+How it measures, the same for both loaders:
+
+* Throughput workloads (ms/batch): each repetition builds a fresh loader (non-persistent workers,
+  torch's default) with the ``fork`` start method. The first ``warm`` batches of the epoch are
+  received and checked but not timed: they pay for worker start, torch's first segments and
+  mploader's pool growth. The clock starts once the ``warm``-th batch has been checked and stops
+  once the last batch has been checked; the figure is that time over the number of timed batches.
+  The end of the epoch (worker shutdown) is outside the clock, and so is collecting statistics.
+* Startup workloads (ms): the loader is built outside the clock; the clock covers ``iter()`` up to
+  the first batch (worker start included) and stops when that batch has been checked; the iterator
+  is shut down between repetitions, outside the clock. The constructor is timed separately and the
+  first (cold) repetition is reported too: helpers kept for the whole process (mploader's spawn
+  zygote) make later repetitions warm.
+* Every batch is checked against values derived from the indices (items are deterministic) and
+  every 4 KiB page of every received array is read once in the main process (one element per page
+  through a strided view, summed in float64: this is also the checksum), so lazy mapping is paid
+  for. No batch is held past its step: the loop drops it before asking for the next one, so
+  mploader's pool can recycle its block.
+
+Also reported: what mploader's channel did (shared-memory blocks or plain pickling), mploader
+blocks of this process left in ``/dev/shm``, the main process's open fds and RSS. A repetition
+that takes longer than ``--hang-timeout`` seconds is declared hung: every thread's traceback goes
+to stderr, the partial table is printed and the process exits with status 2 (1 after an error,
+a failed check or a leftover; 0 otherwise).
+
+Absolute times on shared machines drift by 10-20% between runs; the ratios are the figures.
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import gc
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+# mploader is imported in main(), not here: spawned workers re-import this module, and torch's
+# spawned workers should not pay for importing mploader.
+
+PAGE = 4096
+LARGE_ROWS, LARGE_COLS = 250_000, 602  # 250000 x 602 float32 = 602 MB
+ROWS_PER_ITEM = 250  # large_collate: 1000 items of 250 x 602 make one batch
+ITEMS_PER_LARGE_BATCH = LARGE_ROWS // ROWS_PER_ITEM
+IMAGE_SHAPE = (3, 224, 224)
+IMAGE_BYTES = 3 * 224 * 224
+MEDIUM_BATCH = 32
+SMALL_TENSOR_BATCH = 64
+DEFAULT_REPEATS = 5
+QUICK_REPEATS = 3
+IO_SLEEP_SECONDS = 0.020
+
+
+# -- datasets (module level so that they pickle for spawn) ----------------------------------------
+
+
+class FreshLargeArrays(torch.utils.data.Dataset):
+    """large: item ``i`` is a freshly allocated 250000 x 602 float32 array.
+
+    Column 0 holds the row number, every other element ``i + 1``.
+    """
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        array = np.full((LARGE_ROWS, LARGE_COLS), index + 1, dtype=np.float32)
+        array[:, 0] = np.arange(LARGE_ROWS, dtype=np.float32)
+        return array
+
+
+def make_collate_base(batches: int) -> np.ndarray:
+    """The preallocated array large_collate's items are views of.
+
+    Row ``r`` holds ``r`` in column 0 and ``r % 7 + 1`` elsewhere. Batch ``b`` is rows
+    ``b .. b + 249999`` (items are shifted by the batch number so that batches differ).
+    """
+    rows = LARGE_ROWS + batches
+    base = np.empty((rows, LARGE_COLS), dtype=np.float32)
+    row_numbers = np.arange(rows, dtype=np.float32)
+    base[:, 1:] = (np.arange(rows) % 7 + 1).astype(np.float32)[:, None]
+    base[:, 0] = row_numbers
+    return base
+
+
+class SlicesOfOneArray(torch.utils.data.Dataset):
+    """large_collate: item ``i`` is a 250 x 602 view (a slice) of one preallocated array."""
+
+    def __init__(self, base: np.ndarray, batches: int) -> None:
+        self.base = base
+        self.length = batches * ITEMS_PER_LARGE_BATCH
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        batch, position = divmod(index, ITEMS_PER_LARGE_BATCH)
+        start = position * ROWS_PER_ITEM + batch
+        return self.base[start : start + ROWS_PER_ITEM]
+
+
+def image_value(index: Any) -> Any:
+    return (index * 37 + 11) % 251
+
+
+class Images(torch.utils.data.Dataset):
+    """medium: item ``i`` is a fresh uint8 3x224x224 tensor filled with ``image_value(i)``."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full(IMAGE_SHAPE, image_value(index), dtype=torch.uint8)
+
+
+class Ints(torch.utils.data.Dataset):
+    """small_ints and the startup workloads: item ``i`` is the int ``i``."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class SmallTensors(torch.utils.data.Dataset):
+    """small_tensors: item ``i`` is a fresh float32 tensor of 10 elements, all ``i``."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((10,), float(index), dtype=torch.float32)
+
+
+class SlowInts(torch.utils.data.Dataset):
+    """io_bound: item ``i`` is ``i`` after 20 ms of sleep (a remote query)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(IO_SLEEP_SECONDS)
+        return index
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def page_positions(numel: int, itemsize: int) -> np.ndarray:
+    """Flat positions of one element per 4 KiB page of a contiguous array."""
+    return np.arange(0, numel, PAGE // itemsize, dtype=np.int64)
+
+
+def touch_pages(tensor: torch.Tensor) -> float:
+    """Read one element of every 4 KiB page; their float64 sum is the batch's checksum."""
+    flat = tensor.numpy().reshape(-1)  # a view: the caller checked contiguity
+    return float(flat[:: PAGE // flat.itemsize].sum(dtype=np.float64))
+
+
+def sum_all(tensor: torch.Tensor) -> float:
+    """Small batches: the float64 sum of every element (touches their only page or two)."""
+    return float(tensor.numpy().sum(dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class Expected:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    checksum: float
+
+
+class BatchMismatch(AssertionError):
+    pass
+
+
+def verify(batch: Any, expected: Expected, checksum: Callable[[torch.Tensor], float],
+           where: str) -> None:
+    if type(batch) is not torch.Tensor:
+        raise BatchMismatch(f"{where}: expected a torch.Tensor, got {type(batch).__name__}")
+    if tuple(batch.shape) != expected.shape or batch.dtype != expected.dtype:
+        raise BatchMismatch(
+            f"{where}: expected {expected.shape} {expected.dtype}, "
+            f"got {tuple(batch.shape)} {batch.dtype}"
+        )
+    if not batch.is_contiguous():
+        raise BatchMismatch(f"{where}: batch is not contiguous (strides {batch.stride()})")
+    got = checksum(batch)
+    if got != expected.checksum:
+        raise BatchMismatch(f"{where}: checksum {got!r}, expected {expected.checksum!r}")
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    name: str
+    kind: str  # "throughput" (ms/batch) or "startup" (ms)
+    what: str
+    torch_reference: str  # torch's figure in the plan
+    target: float
+    stretch: float
+    make_dataset: Callable[[int], torch.utils.data.Dataset]  # batches -> dataset
+    loader_kwargs: dict[str, Any]
+    expected: Callable[[int], Expected]  # batch number -> what it must be
+    checksum: Callable[[torch.Tensor], float]
+    batches: int  # per repetition (startup: dataset length in batches)
+    warm: int  # batches received but not timed (throughput)
+    repeat_factor: int = 1  # cheap workloads run more repetitions
+    cleanup: Callable[[], None] = field(default=lambda: None)
+
+    @property
+    def unit(self) -> str:
+        return "ms/batch" if self.kind == "throughput" else "ms"
+
+
+def _large_expected() -> Callable[[int], Expected]:
+    positions = page_positions(LARGE_ROWS * LARGE_COLS, 4)
+    rows, cols = np.divmod(positions, LARGE_COLS)
+    column0 = cols == 0
+    sum_rows0 = float(rows[column0].sum())
+    others = int((~column0).sum())
+
+    def expected(batch: int) -> Expected:
+        return Expected((LARGE_ROWS, LARGE_COLS), torch.float32,
+                        sum_rows0 + float(batch + 1) * others)
+
+    return expected
+
+
+def _large_collate_expected() -> Callable[[int], Expected]:
+    positions = page_positions(LARGE_ROWS * LARGE_COLS, 4)
+    rows, cols = np.divmod(positions, LARGE_COLS)
+    column0 = cols == 0
+
+    def expected(batch: int) -> Expected:
+        base_rows = rows + batch
+        values = np.where(column0, base_rows, base_rows % 7 + 1)
+        return Expected((ITEMS_PER_LARGE_BATCH, ROWS_PER_ITEM, LARGE_COLS), torch.float32,
+                        float(values.sum(dtype=np.float64)))
+
+    return expected
+
+
+def _medium_expected() -> Callable[[int], Expected]:
+    positions = page_positions(MEDIUM_BATCH * IMAGE_BYTES, 1)
+    image_of_position = positions // IMAGE_BYTES
+
+    def expected(batch: int) -> Expected:
+        values = image_value(batch * MEDIUM_BATCH + image_of_position)
+        return Expected((MEDIUM_BATCH, *IMAGE_SHAPE), torch.uint8,
+                        float(values.sum(dtype=np.float64)))
+
+    return expected
+
+
+def _ints_expected(batch: int) -> Expected:
+    return Expected((1,), torch.int64, float(batch))
+
+
+def _small_tensors_expected(batch: int) -> Expected:
+    first = batch * SMALL_TENSOR_BATCH
+    total = sum(range(first, first + SMALL_TENSOR_BATCH)) * 10
+    return Expected((SMALL_TENSOR_BATCH, 10), torch.float32, float(total))
+
+
+class _CollateBase:
+    """large_collate's preallocated array: made on first use, dropped after the workload."""
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def dataset(self, batches: int) -> torch.utils.data.Dataset:
+        if self.array is None or self.array.shape[0] != LARGE_ROWS + batches:
+            self.array = None
+            self.array = make_collate_base(batches)
+        return SlicesOfOneArray(self.array, batches)
+
+    def drop(self) -> None:
+        self.array = None
+
+
+def build_workloads(quick: bool) -> list[Workload]:
+    def sizes(normal: tuple[int, int], smoke: tuple[int, int]) -> tuple[int, int]:
+        return smoke if quick else normal
+
+    collate_base = _CollateBase()
+    fork = {"multiprocessing_context": "fork"}
+    workloads = []
+
+    batches, warm = sizes((9, 3), (5, 3))
+    workloads.append(Workload(
+        "large", "throughput",
+        "batch_size=None, 1 worker, fresh 250000x602 float32 numpy array (602 MB)",
+        "360-550 ms/batch", 4.0, 6.0,
+        FreshLargeArrays, {"batch_size": None, "num_workers": 1, **fork},
+        _large_expected(), touch_pages, batches, warm,
+    ))
+    batches, warm = sizes((9, 3), (5, 3))
+    workloads.append(Workload(
+        "large_collate", "throughput",
+        "1 worker, batch_size=1000 of 250x602 float32 views, default collate (602 MB)",
+        "~350 ms/batch", 8.0, 15.0,
+        collate_base.dataset,
+        {"batch_size": ITEMS_PER_LARGE_BATCH, "num_workers": 1, **fork},
+        _large_collate_expected(), touch_pages, batches, warm, cleanup=collate_base.drop,
+    ))
+    batches, warm = sizes((330, 30), (100, 20))
+    workloads.append(Workload(
+        "medium", "throughput", "2 workers, 32 uint8 images 3x224x224 (4.8 MB)",
+        "~3.5 ms/batch", 8.0, 13.0,
+        lambda n: Images(n * MEDIUM_BATCH),
+        {"batch_size": MEDIUM_BATCH, "num_workers": 2, **fork},
+        _medium_expected(), touch_pages, batches, warm,
+    ))
+    batches, warm = sizes((2200, 200), (600, 100))
+    workloads.append(Workload(
+        "small_ints", "throughput", "2 workers, batch_size=1, int items",
+        "~0.35 ms/batch", 5.0, 10.0,
+        Ints, {"batch_size": 1, "num_workers": 2, **fork},
+        _ints_expected, sum_all, batches, warm,
+    ))
+    batches, warm = sizes((2200, 200), (600, 100))
+    workloads.append(Workload(
+        "small_tensors", "throughput", "2 workers, batch_size=64, 10-float tensors",
+        "~0.30 ms/batch", 2.0, 4.0,
+        lambda n: SmallTensors(n * SMALL_TENSOR_BATCH),
+        {"batch_size": SMALL_TENSOR_BATCH, "num_workers": 2, **fork},
+        _small_tensors_expected, sum_all, batches, warm,
+    ))
+    batches, warm = sizes((440, 40), (160, 40))
+    workloads.append(Workload(
+        "io_bound", "throughput", "8 workers, batch_size=1, each item sleeps 20 ms",
+        "2.5 ms/batch", 0.97, 1.0,
+        SlowInts, {"batch_size": 1, "num_workers": 8, **fork},
+        _ints_expected, sum_all, batches, warm,
+    ))
+    workloads.append(Workload(
+        "startup_fork8", "startup", "iter() to first batch, fork, 8 workers",
+        "~70 ms", 1.3, 2.0,
+        Ints, {"batch_size": 1, "num_workers": 8, **fork},
+        _ints_expected, sum_all, 64, 0, repeat_factor=2,
+    ))
+    workloads.append(Workload(
+        "startup_spawn4", "startup", "iter() to first batch, spawn, 4 workers",
+        "~1.7 s", 2.0, 3.0,
+        Ints, {"batch_size": 1, "num_workers": 4, "multiprocessing_context": "spawn"},
+        _ints_expected, sum_all, 64, 0,
+    ))
+    return workloads
+
+
+# -- one repetition -----------------------------------------------------------------------------
+
+
+def shut_down(iterator: Any) -> None:
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def channel_summary(iterator: Any) -> dict[str, Any] | None:
+    """mploader only: what its result channel did (None for torch's iterator)."""
+    stats = getattr(iterator, "stats", None)
+    if stats is None:
+        return None
+    try:
+        channel = stats().channel
+    except Exception as error:  # report, do not fail the benchmark on it
+        return {"kind": "unknown", "error": repr(error)}
+    if channel is None:
+        return {"kind": "pickle"}
+    pools = channel.workers
+    return {
+        "kind": "shm",
+        "shm_leaves": sum(pool.shm_leaves for pool in pools),
+        "inline_leaves": sum(pool.inline_leaves for pool in pools),
+        "reuse_hits": sum(pool.reuse_hits for pool in pools),
+        "reuse_misses": sum(pool.reuse_misses for pool in pools),
+        "pool_bytes": sum(pool.bytes for pool in pools),
+        "waits": sum(pool.waits for pool in pools),
+    }
+
+
+def run_throughput(loader_class: type, workload: Workload, dataset: Any,
+                   expected: list[Expected]) -> tuple[float, dict[str, Any]]:
+    loader = loader_class(dataset, **workload.loader_kwargs)
+    total = len(loader)
+    assert total == workload.batches, (total, workload.batches)
+    iterator = iter(loader)
+    try:
+        started = time.perf_counter()
+        for number in range(total):
+            batch = next(iterator)
+            verify(batch, expected[number], workload.checksum,
+                   f"{workload.name} ({loader_class.__module__}) batch {number}")
+            del batch  # hold no batch while asking for the next one
+            if number == workload.warm - 1:
+                started = time.perf_counter()
+        elapsed = time.perf_counter() - started
+        summary = {"channel": channel_summary(iterator)}
+    finally:
+        shut_down(iterator)
+    del iterator, loader
+    return elapsed / (total - workload.warm) * 1e3, summary
+
+
+def run_startup(loader_class: type, workload: Workload, dataset: Any,
+                expected: list[Expected]) -> tuple[float, dict[str, Any]]:
+    # The constructor is outside the clock (the plan times iter() to the first batch) but timed
+    # on its own and reported, so that work moved from iter() into the constructor shows.
+    constructing = time.perf_counter()
+    loader = loader_class(dataset, **workload.loader_kwargs)
+    construct_ms = (time.perf_counter() - constructing) * 1e3
+    iterator = None
+    try:
+        started = time.perf_counter()
+        iterator = iter(loader)
+        batch = next(iterator)
+        verify(batch, expected[0], workload.checksum,
+               f"{workload.name} ({loader_class.__module__}) first batch")
+        elapsed = time.perf_counter() - started
+        del batch
+        summary = {"channel": channel_summary(iterator), "construct_ms": construct_ms}
+    finally:
+        if iterator is not None:
+            shut_down(iterator)
+    del iterator, loader
+    return elapsed * 1e3, summary
+
+
+# -- machine, /dev/shm and process bookkeeping --------------------------------------------------
+
+
+def own_shm_names() -> list[str]:
+    """``/dev/shm`` entries of mploader blocks named after this process."""
+    prefix = f"mploader-{os.getpid()}-"
+    try:
+        return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "default_start_method": torch.multiprocessing.get_start_method(allow_none=True),
+        "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
+    }
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as meminfo:
+            info["mem_total_gb"] = round(int(meminfo.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    usage = shutil.disk_usage("/dev/shm")
+    info["dev_shm_total_gb"] = round(usage.total / 2**30, 1)
+    info["dev_shm_used_gb"] = round(usage.used / 2**30, 2)
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+        info["git_commit"] = commit or None
+    except (OSError, subprocess.SubprocessError):
+        info["git_commit"] = None
+    return info
+
+
+def memcpy_floor_ms() -> float:
+    """One ``numpy.copyto`` of 602 MB into already-touched memory (the physical floor)."""
+    source = np.ones((LARGE_ROWS, LARGE_COLS), dtype=np.float32)
+    target = np.zeros_like(source)
+    timings = []
+    for _ in range(4):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings[1:]) * 1e3
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    workload: Workload
+    torch_ms: list[float] = field(default_factory=list)
+    mploader_ms: list[float] = field(default_factory=list)
+    channel: dict[str, Any] | None = None
+    error: str | None = None
+    error_side: str | None = None
+    leaked_shm: list[str] = field(default_factory=list)
+    fds_before: int = 0
+    fds_after: int = 0
+    rss_before_mb: float = 0.0
+    rss_after_mb: float = 0.0
+    done: bool = False
+    hung: bool = False
+    seconds: float = 0.0
+    construct_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, side: str) -> float | None:
+        values = self.torch_ms if side == "torch" else self.mploader_ms
+        return statistics.median(values) if values else None
+
+    @property
+    def ratio(self) -> float | None:
+        torch_median, mploader_median = self.median("torch"), self.median("mploader")
+        if torch_median is None or not mploader_median:
+            return None
+        return torch_median / mploader_median
+
+
+class Watchdog:
+    """Declares a repetition hung after ``seconds``: dumps every thread and reports what it has.
+
+    A deadlocked main thread cannot be recovered in-process, so ``on_hang`` prints the partial
+    table (the hung workload marked as such), and the process exits with status 2.
+    """
+
+    def __init__(self, seconds: float, on_hang: Callable[[str, str], None]) -> None:
+        self.seconds = seconds
+        self.on_hang = on_hang
+        self.timer: threading.Timer | None = None
+
+    def start(self, label: str) -> None:
+        self.timer = threading.Timer(self.seconds, self._fire, args=(label,))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self, label: str) -> None:
+        try:
+            print(f"\nHUNG: {label} did not finish within {self.seconds:g} s; "
+                  f"tracebacks of every thread of the main process:", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            self.on_hang(label, main_thread_whereabouts())
+        finally:
+            os._exit(2)
+
+
+def main_thread_whereabouts() -> str:
+    """Where the main thread is stuck: its innermost frame, and the innermost in each package."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "main thread not found"
+    stack = traceback.extract_stack(frame)  # outermost first
+
+    def describe(entry: traceback.FrameSummary) -> str:
+        path = entry.filename
+        for marker in ("/site-packages/", "/lib/python"):
+            if marker in path:
+                path = path.split(marker, 1)[1]
+                break
+        else:
+            path = os.path.relpath(path)
+        return f"{path}:{entry.lineno} in {entry.name}"
+
+    parts = [f"main thread at {describe(stack[-1])}"]
+    for package, needle in (("mploader", f"{os.sep}mploader{os.sep}"),
+                            ("torch", f"{os.sep}torch{os.sep}")):
+        inner = [entry for entry in stack if needle in entry.filename]
+        if inner:
+            parts.append(f"innermost {package} frame {describe(inner[-1])}")
+    return ", ".join(parts)
+
+
+def run_workload(result: Result, repeats: int, watchdog: Watchdog,
+                 loaders: list[tuple[str, type]]) -> None:
+    workload = result.workload
+    gc.collect()
+    result.fds_before, result.rss_before_mb = open_fds(), rss_mb()
+    shm_before = set(own_shm_names())
+    workload_started = time.perf_counter()
+    run = run_throughput if workload.kind == "throughput" else run_startup
+    side = "setup"
+    dataset = None
+    try:
+        dataset = workload.make_dataset(workload.batches)
+        count = workload.batches if workload.kind == "throughput" else 1
+        expected = [workload.expected(number) for number in range(count)]
+        for repetition in range(repeats * workload.repeat_factor):
+            for side, loader_class in loaders:  # A B A B
+                gc.collect()
+                result.error_side = side  # what a hang would be blamed on
+                watchdog.start(f"{workload.name} repetition {repetition + 1} ({side})")
+                try:
+                    figure, summary = run(loader_class, workload, dataset, expected)
+                finally:
+                    watchdog.cancel()
+                result.error_side = None
+                (result.torch_ms if side == "torch" else result.mploader_ms).append(figure)
+                if side == "mploader":
+                    result.channel = summary["channel"]
+                if "construct_ms" in summary:
+                    result.construct_ms.setdefault(side, []).append(summary["construct_ms"])
+                print(f"  {workload.name:15s} rep {repetition + 1:2d} {side:8s} "
+                      f"{figure:10.3f} {workload.unit}", flush=True)
+    except Exception:
+        result.error_side = side
+        result.error = traceback.format_exc()
+        print(f"  {workload.name}: ERROR on the {side} side\n{result.error}", flush=True)
+    finally:
+        del dataset
+        workload.cleanup()
+        gc.collect()
+    time.sleep(0.2)  # let workers' exits settle before counting leftovers
+    result.leaked_shm = sorted(set(own_shm_names()) - shm_before)
+    result.fds_after, result.rss_after_mb = open_fds(), rss_mb()
+    result.seconds = time.perf_counter() - workload_started
+    print(f"  {workload.name}: {result.seconds:.1f} s", flush=True)
+    result.done = True
+
+
+def format_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def verdict(result: Result, memcpy_ms: float | None) -> str:
+    if result.hung:
+        return f"HUNG ({result.error_side})"
+    if result.error is not None:
+        return f"ERROR ({result.error_side})"
+    if not result.done:
+        return "not run"
+    ratio = result.ratio
+    if ratio is None:
+        return "-"
+    stretch_met = ratio >= result.workload.stretch
+    if result.workload.name == "large_collate" and stretch_met:
+        # The stretch also asks for mploader within 1.3x of one 600 MB memcpy.
+        median = result.median("mploader")
+        stretch_met = memcpy_ms is not None and median is not None and median <= 1.3 * memcpy_ms
+    if stretch_met:
+        return "met + stretch"
+    return "met" if ratio >= result.workload.target else "NOT met"
+
+
+def print_table(results: list[Result], memcpy_ms: float | None) -> None:
+    header = ("workload", "unit", "torch", "mploader", "ratio", "target", "stretch", "verdict")
+    rows = [header]
+    for result in results:
+        ratio = result.ratio
+        workload = result.workload
+        rows.append((
+            workload.name, workload.unit,
+            format_ms(result.median("torch")), format_ms(result.median("mploader")),
+            f"{ratio:.2f}x" if ratio is not None else "-",
+            f">= {workload.target:g}x", f"{workload.stretch:g}x", verdict(result, memcpy_ms),
+        ))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    for index, row in enumerate(rows):
+        cells = [
+            cell.ljust(width) if column < 2 or column == 7 else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def describe_channel(channel: dict[str, Any] | None) -> str:
+    if channel is None:
+        return "no statistics"
+    if channel["kind"] != "shm":
+        return channel["kind"] + (f" ({channel['error']})" if "error" in channel else "")
+    return (
+        f"shm: {channel['shm_leaves']} block leaves, {channel['inline_leaves']} inline, "
+        f"pool reuse {channel['reuse_hits']} hits / {channel['reuse_misses']} misses, "
+        f"{channel['pool_bytes'] / 2**20:.0f} MiB pooled, {channel['waits']} budget waits "
+        f"(last repetition)"
+    )
+
+
+@dataclass
+class Run:
+    command: str
+    info: dict[str, Any]
+    repeats: int
+    quick: bool
+    json_path: str | None
+    load_before: tuple[float, float, float]
+    started: float = field(default_factory=time.perf_counter)
+    memcpy_ms: float | None = None
+    results: list[Result] = field(default_factory=list)
+
+    def report(self) -> int:
+        """Print the table and the notes, save the JSON; the exit status (1 on any problem)."""
+        runtime = time.perf_counter() - self.started
+        load_after = os.getloadavg()
+        info = self.info
+        print()
+        print(f"command: {self.command}")
+        print(f"machine: {info['cpu_count']} cores ({info['usable_cores']} usable), "
+              f"/dev/shm {info['dev_shm_total_gb']} GB, torch {info['torch']}, "
+              f"mploader {info['mploader']} (git {info['git_commit']}), "
+              f"load average {self.load_before[0]:.2f} before, {load_after[0]:.2f} after")
+        print(f"medians of {self.repeats} repetitions per loader (startup_fork8: "
+              f"{2 * self.repeats}); ratio = torch / mploader; runtime {runtime:.0f} s")
+        print()
+        print_table(self.results, self.memcpy_ms)
+        print()
+        problems = False
+        collate = [result for result in self.results if result.workload.name == "large_collate"]
+        if self.memcpy_ms is not None and collate and collate[0].median("mploader") is not None:
+            median = collate[0].median("mploader")
+            print(f"large_collate: mploader {median:.1f} ms/batch = "
+                  f"{median / self.memcpy_ms:.2f}x one 602 MB memcpy "
+                  f"({self.memcpy_ms:.1f} ms; stretch <= 1.3x)")
+        for result in self.results:
+            if not result.done and not result.hung:
+                continue
+            notes = [f"mploader channel: {describe_channel(result.channel)}"]
+            if result.leaked_shm:
+                problems = True
+                notes.append(f"LEFT IN /dev/shm: {', '.join(result.leaked_shm)}")
+            if result.fds_after != result.fds_before and result.done:
+                notes.append(f"open fds {result.fds_before} -> {result.fds_after}")
+            if result.done:
+                notes.append(f"main RSS {result.rss_before_mb:.0f} -> "
+                             f"{result.rss_after_mb:.0f} MB")
+            if result.workload.kind == "startup" and result.torch_ms and result.mploader_ms:
+                # The first repetition is the only cold one: helpers a loader keeps for the
+                # process (mploader's spawn zygote) are warm in later repetitions.
+                first_torch, first_mploader = result.torch_ms[0], result.mploader_ms[0]
+                notes.append(f"first (cold) repetition torch {first_torch:.0f} ms, mploader "
+                             f"{first_mploader:.0f} ms ({first_torch / first_mploader:.2f}x)")
+            for side, values in result.construct_ms.items():
+                notes.append(f"{side} DataLoader() {values[0]:.1f} ms first, "
+                             f"{statistics.median(values):.1f} ms median (not timed)")
+            print(f"{result.workload.name}:" + "".join(f"\n  {note}" for note in notes))
+            problems = problems or result.error is not None
+        leftovers = own_shm_names()
+        if leftovers:
+            problems = True
+            print(f"/dev/shm entries of this process now: {', '.join(leftovers)}")
+        for result in self.results:
+            if result.error is not None:
+                print(f"\n{result.workload.name}: {'hung' if result.hung else 'error'} ("
+                      f"{result.error_side}):\n{result.error}")
+        if self.json_path:
+            self.save(runtime, load_after)
+        sys.stdout.flush()
+        return 1 if problems else 0
+
+    def save(self, runtime: float, load_after: tuple[float, float, float]) -> None:
+        payload = {
+            "command": self.command,
+            "machine": self.info,
+            "load_average_before": self.load_before,
+            "load_average_after": load_after,
+            "repeats": self.repeats,
+            "quick": self.quick,
+            "runtime_seconds": runtime,
+            "memcpy_602mb_ms": self.memcpy_ms,
+            "workloads": [
+                {
+                    "name": result.workload.name,
+                    "what": result.workload.what,
+                    "unit": result.workload.unit,
+                    "batches": result.workload.batches,
+                    "untimed_warmup_batches": result.workload.warm,
+                    "wall_seconds": result.seconds,
+                    "constructor_ms": result.construct_ms,
+                    "torch_ms": result.torch_ms,
+                    "mploader_ms": result.mploader_ms,
+                    "torch_median": result.median("torch"),
+                    "mploader_median": result.median("mploader"),
+                    "ratio": result.ratio,
+                    "target": result.workload.target,
+                    "stretch": result.workload.stretch,
+                    "torch_reference": result.workload.torch_reference,
+                    "verdict": verdict(result, self.memcpy_ms),
+                    "mploader_channel": result.channel,
+                    "error": result.error,
+                    "error_side": result.error_side,
+                    "hung": result.hung,
+                    "leaked_shm": result.leaked_shm,
+                    "open_fds": [result.fds_before, result.fds_after],
+                    "main_rss_mb": [result.rss_before_mb, result.rss_after_mb],
+                }
+                for result in self.results
+            ],
+        }
+        with open(self.json_path, "w") as output:
+            json.dump(payload, output, indent=2)
+        print(f"figures saved to {self.json_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--only", default="",
+                        help="comma-separated workloads (default: all)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"repetitions per workload and loader (default {DEFAULT_REPEATS}, "
+                             f"--quick {QUICK_REPEATS}; startup_fork8 runs twice as many)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer batches and repetitions: a ~1 minute smoke run")
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+    parser.add_argument("--hang-timeout", type=float, default=60.0,
+                        help="seconds one repetition may take before the run is declared hung "
+                             "(tracebacks and the partial table are printed, exit status 2)")
+    args = parser.parse_args(argv)
+
+    import mploader  # see the note at the imports
+
+    repeats = args.repeats if args.repeats is not None else (
+        QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
+    workloads = build_workloads(args.quick)
+    known = [workload.name for workload in workloads]
+    if args.only:
+        wanted = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        workloads = [workload for workload in workloads if workload.name in wanted]
+    # Both loaders warn that 8 workers exceed this machine's 2 cores; the workloads ask for them.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+    info = machine_info()
+    info["mploader"] = getattr(mploader, "__version__", "?")
+    run = Run(shlex.join([sys.executable, *sys.argv]), info, repeats, args.quick, args.json,
+              os.getloadavg())
+    print(f"command: {run.command}")
+    print(f"machine: {info['cpu_count']} cores ({info['usable_cores']} usable), "
+          f"{info.get('cpu_model', '?')}, {info.get('mem_total_gb', '?')} GB RAM, "
+          f"/dev/shm {info['dev_shm_total_gb']} GB ({info['dev_shm_used_gb']} GB used), "
+          f"load average {' '.join(f'{load:.2f}' for load in run.load_before)}")
+    print(f"versions: python {info['python']}, torch {info['torch']}, numpy {info['numpy']}, "
+          f"mploader {info['mploader']} (git {info['git_commit']}); torch sharing strategy "
+          f"{info['sharing_strategy']}")
+    print(f"repeats: {repeats} per loader, A B A B (torch, mploader); "
+          f"{'quick' if args.quick else 'default'} sizes", flush=True)
+
+    if any(workload.name == "large_collate" for workload in workloads):
+        run.memcpy_ms = memcpy_floor_ms()
+        print(f"one 602 MB numpy.copyto into touched memory: {run.memcpy_ms:.1f} ms", flush=True)
+
+    def on_hang(label: str, whereabouts: str) -> None:
+        current = next((result for result in run.results if not result.done), None)
+        if current is not None:
+            current.hung = True
+            if "innermost mploader frame" in whereabouts and current.error_side == "torch":
+                current.error_side = "torch run, stuck in mploader code"
+            current.error = (f"HUNG: {label} did not finish within {args.hang_timeout:g} s; "
+                             f"{whereabouts}")
+        run.report()
+
+    watchdog = Watchdog(args.hang_timeout, on_hang)
+    loaders = [("torch", torch.utils.data.DataLoader), ("mploader", mploader.DataLoader)]
+    run.results = [Result(workload) for workload in workloads]
+    for result in run.results:
+        print(f"{result.workload.name}: {result.workload.what}", flush=True)
+        run_workload(result, repeats, watchdog, loaders)
+    return run.report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
