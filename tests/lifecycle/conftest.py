@@ -16,12 +16,13 @@ def start_method(request: pytest.FixtureRequest) -> str:
 
 
 def _helper_process(process: psutil.Process) -> bool:
-    """multiprocessing's own long-lived helpers (the fork server, the resource tracker)."""
+    """multiprocessing's own long-lived helpers (the fork server, the resource tracker), and
+    test servers other fixtures keep for the session (mploader.testing's NebulaGraph server)."""
     try:
         command = " ".join(process.cmdline())
     except psutil.Error:
         return True
-    return "forkserver" in command or "resource_tracker" in command
+    return any(name in command for name in ("forkserver", "resource_tracker", "mploader.testing"))
 
 
 def worker_children() -> list[psutil.Process]:
