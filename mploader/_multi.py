@@ -45,6 +45,10 @@ _log = logging.getLogger("mploader")
 class MultiProcessIterator(BaseIterator):
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         super().__init__(loader, settings)
+        if settings.prefetch_factor <= 0:  # torch's constructor lets 0 through; its iterator not
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
         self._prefetch_factor = settings.prefetch_factor
         self._in_order = settings.in_order
         self._epoch = 0

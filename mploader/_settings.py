@@ -54,7 +54,7 @@ def settings_of(loader: Any) -> LoaderSettings:
         collate_fn=loader.collate_fn,
         drop_last=loader.drop_last,
         num_workers=loader.num_workers,
-        prefetch_factor=loader.prefetch_factor or 2,
+        prefetch_factor=2 if loader.prefetch_factor is None else loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,
         in_order=getattr(loader, "in_order", True),
         timeout=loader.timeout,

@@ -21,6 +21,8 @@ from mploader.worker.info import make_worker_info
 class SingleProcessIterator(BaseIterator):
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         super().__init__(loader, settings)
+        if self._timeout != 0:  # torch's wording: its single-process iterator refuses a timeout
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
         self._hooks_active = False
         if settings.worker_hooks is not None:
             info = make_worker_info(0, 1, self._base_seed, self._dataset)

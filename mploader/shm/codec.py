@@ -7,8 +7,9 @@ On the wire (one ``bytes`` payload) come two pickles back to back:
 2. the batch, pickled with protocol 5 by :class:`LeafEncoder`, whose ``persistent_id`` turns every
    plain CPU tensor and numeric numpy array into a descriptor tuple:
 
-   - ``(INLINE_TENSOR, leaf, dtype_code, shape, bytearray)``  small tensor, its bytes inline
-   - ``(BLOCK_TENSOR, leaf, dtype_code, shape, offset)``       in the block, at ``offset``
+   - ``(INLINE_TENSOR, leaf, dtype_code, shape, bytearray, strides)``  small tensor, bytes inline
+   - ``(BLOCK_TENSOR, leaf, dtype_code, shape, offset, strides)``       in the block, at ``offset``
+     (``strides`` is None for a contiguous tensor; else the bytes are the storage span it views)
    - ``(INLINE_ARRAY, leaf, dtype_str, shape, bytearray)``     small numpy array
    - ``(BLOCK_ARRAY, leaf, dtype_str, shape, offset)``          numpy array in the block
    - ``(REPEAT, leaf)``                                        the same object again
@@ -136,6 +137,26 @@ def _block_tensor(base: np.ndarray, code: int, shape: tuple[int, ...], offset: i
     return tensor if surrogate is None else tensor.view(dtype)
 
 
+def _storage_span(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+    """``tensor`` as the 1-D run of storage its view covers, plus its strides; or itself and
+    ``None`` when it is contiguous.
+
+    torch hands a non-contiguous tensor across processes with its storage and strides (a
+    transposed view stays transposed, an expanded one keeps its zero strides); so do we, sending
+    only the span of storage the view touches.  The rebuilt view starts at storage offset 0.
+    """
+    if tensor.is_contiguous() or tensor.numel() == 0:
+        return tensor, None
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(),
+                                                               strict=True))
+    return tensor.as_strided((span,), (1,)), tuple(tensor.stride())
+
+
+def _restride(value: torch.Tensor, shape: tuple[int, ...],
+              strides: tuple[int, ...] | None) -> torch.Tensor:
+    return value if strides is None else value.as_strided(shape, strides, 0)
+
+
 def _product(shape: tuple[int, ...]) -> int:
     count = 1
     for size in shape:
@@ -199,11 +220,15 @@ class LeafEncoder(pickle.Pickler):
             return leaf
         code = _TORCH_DTYPE_CODES[tensor.dtype]
         shape = tuple(tensor.shape)
-        nbytes = tensor.numel() * tensor.element_size()
+        if tensor.is_conj() or tensor.is_neg():
+            tensor = tensor.resolve_conj().resolve_neg()
+        span, strides = _storage_span(tensor)
+        nbytes = span.numel() * span.element_size()
         if nbytes < self._inline_threshold or nbytes == 0:
             self.inline_leaves += 1
-            return (INLINE_TENSOR, leaf, code, shape, _raw_bytes(_tensor_bytes_view(tensor)))
-        return (BLOCK_TENSOR, leaf, code, shape, self._reserve(nbytes, tensor))
+            raw = _raw_bytes(_tensor_bytes_view(span))
+            return (INLINE_TENSOR, leaf, code, shape, raw, strides)
+        return (BLOCK_TENSOR, leaf, code, shape, self._reserve(nbytes, span), strides)
 
     def _array_leaf(self, array: np.ndarray) -> tuple | None:
         if array.dtype.kind not in _NUMERIC_KINDS:
@@ -226,7 +251,8 @@ class LeafEncoder(pickle.Pickler):
         leaf = len(self._leaf_of_object)
         self._leaf_of_object[id(pending)] = (leaf, pending)
         code = _TORCH_DTYPE_CODES[pending.dtype]
-        return (BLOCK_TENSOR, leaf, code, pending.stacked_shape, self._reserve(nbytes, pending))
+        offset = self._reserve(nbytes, pending)
+        return (BLOCK_TENSOR, leaf, code, pending.stacked_shape, offset, None)
 
     def _repeat_or_new(self, obj: Any) -> int | tuple:
         """The leaf number for ``obj``, or a REPEAT descriptor if it appeared before."""
@@ -280,13 +306,21 @@ class LeafDecoder(pickle.Unpickler):
             return self._leaves[pid[1]]
         if kind == INLINE_TENSOR:
             dtype, numpy_dtype, surrogate = _TORCH_DTYPES[pid[2]]
-            values = np.frombuffer(pid[4], numpy_dtype).reshape(pid[3])
-            value: Any = torch.from_numpy(values)
+            values = np.frombuffer(pid[4], numpy_dtype)
+            value: Any = torch.from_numpy(values if pid[5] else values.reshape(pid[3]))
             if surrogate is not None:
                 value = value.view(dtype)
+            value = _restride(value, pid[3], pid[5])
         elif kind == BLOCK_TENSOR:
             assert self._base is not None, "block leaf in a message without a block"
-            value = _block_tensor(self._base, pid[2], pid[3], pid[4])
+            strides = pid[5]
+            if strides is None:
+                value = _block_tensor(self._base, pid[2], pid[3], pid[4])
+            else:
+                span = 1 + sum((size - 1) * stride for size, stride in zip(pid[3], strides,
+                                                                           strict=True))
+                flat = _block_tensor(self._base, pid[2], (span,), pid[4])
+                value = _restride(flat, pid[3], strides)
         elif kind == INLINE_ARRAY:
             value = np.frombuffer(pid[4], _numpy_dtype(pid[2])).reshape(pid[3])
         elif kind == BLOCK_ARRAY:

@@ -84,13 +84,21 @@ def _check_collatable(elem: torch.Tensor) -> None:
 
 def _pending_tensor_fn(batch: TensorBatch, *, collate_fn_map: Any = None) -> Any:
     _check_collatable(batch[0])
+    if any(getattr(tensor, "requires_grad", False) for tensor in batch):
+        return _plain_tensor_fn(batch)  # raises torch's in-worker error, as torch's does
     return PendingStack(batch)
 
 
 def _plain_tensor_fn(batch: TensorBatch, *, collate_fn_map: Any = None) -> Any:
-    """torch's ``collate_tensor_fn`` without its per-batch shared-memory segment."""
-    _check_collatable(batch[0])
-    return torch.stack(batch, 0)
+    """torch's in-worker ``collate_tensor_fn`` without its per-batch shared-memory segment.
+
+    Like torch's, it stacks with ``out=`` (here into ordinary memory), so it fails where torch's
+    fails in a worker: leaf tensors that require grad cannot be stacked with ``out=``.
+    """
+    elem = batch[0]
+    _check_collatable(elem)
+    out = elem.new_empty((len(batch), *elem.shape))
+    return torch.stack(batch, 0, out=out)
 
 
 def collate_samples(samples: list[Any], into_block: bool) -> Any:

@@ -9,9 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.utils.data._utils import collate as torch_collate
-
 
 class MapFetcher:
     def __init__(self, dataset: Any, auto_collation: bool) -> None:
@@ -62,15 +59,13 @@ def make_fetcher(
     return MapFetcher(dataset, auto_collation)
 
 
-def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    return torch.stack(batch, 0)
-
-
-# torch's default_collate, except that tensors are stacked into ordinary memory: inside a worker,
-# torch's version allocates a torch shared-memory segment per tensor, which plain pickling would
-# then copy out again.  Values, dtypes and error messages are torch's.
-_plain_collate_map = {**torch_collate.default_collate_fn_map, torch.Tensor: _stack_tensors}
-
-
 def plain_default_collate(batch: Any) -> Any:
-    return torch_collate.collate(batch, collate_fn_map=_plain_collate_map)
+    """torch's in-worker ``default_collate``, stacking into ordinary memory.
+
+    Inside a worker, torch's version allocates a torch shared-memory segment per tensor, which
+    plain pickling would then copy out again.  Values, dtypes and errors are torch's, and types a
+    user registers in torch's ``default_collate_fn_map`` (even after import) are honoured.
+    """
+    from mploader.shm.collate import collate_samples
+
+    return collate_samples(batch, into_block=False)

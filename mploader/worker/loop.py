@@ -2,7 +2,8 @@
 
 Protocol (see ``mploader._messages``): the worker reads its task pipe in FIFO order. Every read
 drains what is already in the pipe into an inbox first, so ``Release`` messages are applied at once
-and tasks of an epoch that a ``Resume`` or ``Stop`` has ended are dropped unseen. Each ``Task``
+and tasks queued before a ``Stop`` are dropped unseen (those before a ``Resume`` still run, as
+in torch, so that workers' random streams match torch's after a broken epoch). Each ``Task``
 gets exactly one reply: ``TaskDone`` (a payload or an error) or ``IterableExhausted``; after
 exhaustion the worker ignores the rest of the epoch's tasks, as torch's does. ``Stop`` or EOF ends
 the loop; so does the main process's death (watchdog). On the way out the worker closes its
@@ -71,7 +72,10 @@ class WorkerLoop:
         self.inbox: deque[Any] = deque()
         self.epoch = spec.epoch
         self.exhausted = False
-        self.pending_error: RemoteError | None = None
+        # Answers to every task: worker_init_fn or setup failed (for good), or the dataset's
+        # iter() failed when this epoch started (until the next epoch).
+        self.init_error: RemoteError | None = None
+        self.epoch_error: RemoteError | None = None
         self.fetcher: MapFetcher | IterableFetcher | None = None
         self.watchdog = ParentWatchdog(spec.parent_pid)
         self.channel: Any = None
@@ -106,16 +110,25 @@ class WorkerLoop:
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(spec.worker_id)
             activate_hooks(spec.hooks, info)
-            self.fetcher = self.new_fetcher()
         except Exception as error:
-            self.pending_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
-        self.send(WorkerReady(spec.worker_id, self.pid, self.pending_error is not None))
+            self.init_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
+        else:
+            self.start_epoch()
+        self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None))
         self.watchdog.start_thread()
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
 
-    def new_fetcher(self) -> MapFetcher | IterableFetcher:
+    def start_epoch(self) -> None:
+        """A fresh fetcher (for an iterable dataset: a fresh ``iter(dataset)``)."""
         spec = self.spec
-        return make_fetcher(spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last)
+        self.epoch_error = None
+        try:
+            self.fetcher = make_fetcher(
+                spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last
+            )
+        except Exception as error:
+            self.fetcher = None
+            self.epoch_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
 
     def finish(self) -> None:
         for step in (deactivate_hooks, close_process_locals, self._close_channel):
@@ -157,7 +170,7 @@ class WorkerLoop:
         if isinstance(message, Release):
             self.released.extend(message.blocks)
             return
-        if isinstance(message, (Resume, Stop)):  # queued tasks are of an epoch that is over
+        if isinstance(message, Stop):  # nobody will read the results of queued tasks
             self.inbox = deque(m for m in self.inbox if not isinstance(m, Task))
         self.inbox.append(message)
 
@@ -193,25 +206,26 @@ class WorkerLoop:
         elif isinstance(message, Resume):
             self.epoch = message.epoch
             self.exhausted = False
-            try:
-                self.fetcher = self.new_fetcher()
-            except Exception as error:
-                self.pending_error = RemoteError.capture(error, self.spec.worker_id, self.pid, None)
+            if self.init_error is None:
+                self.start_epoch()
 
     def run_task(self, task: Task) -> None:
         spec = self.spec
-        if self.pending_error is not None or self.fetcher is None:
-            error, self.pending_error = self.pending_error, None
-            if error is not None:
-                error.indices = task.indices
-                self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=error))
+        failure = self.init_error or self.epoch_error
+        if failure is not None or self.fetcher is None:
+            # torch answers every task of a worker whose init failed with an error (the init
+            # error first, then the failure to use the fetcher it never made); so do we.
+            assert failure is not None
+            failure.indices = task.indices
+            self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=failure))
             return
         started = time.monotonic()  # CLOCK_MONOTONIC: comparable with the main process's
         try:
             samples = self.fetcher.fetch(task.indices)
-        except StopIteration:
-            if not spec.is_iterable:
-                raise
+        except StopIteration as leaked:
+            if not spec.is_iterable:  # leaked from __getitem__: an error of this batch, as in torch
+                self.send_error(task, leaked)
+                return
             self.exhausted = True
             self.send(IterableExhausted(task.epoch, task.task_id, spec.worker_id))
             return
