@@ -161,16 +161,16 @@ class MultiProcessIterator(BaseIterator):
         self._monitor.next_called()
         try:
             batch = self._next_batch()
-            self._monitor.next_returned()
-            return batch
         except StopIteration:
             raise
-        except BaseException as error:
-            if isinstance(error, _TaskError):
-                raise error.error from error.error.__cause__
-            self._urgency[0] = True  # timeout, dead worker, KeyboardInterrupt, a bug
+        except _TaskError as failed:  # the dataset's error: this batch fails, the epoch goes on
+            raise failed.error from failed.error.__cause__
+        except BaseException:  # timeout, dead worker, KeyboardInterrupt, a bug: stop first
+            self._urgency[0] = True
             self._shutdown_workers()
             raise
+        self._monitor.next_returned()
+        return batch
 
     def _next_batch(self) -> Any:
         deadline = self._new_deadline()
@@ -312,9 +312,6 @@ class MultiProcessIterator(BaseIterator):
     def _discard(self, worker_id: int, payload: bytes | None) -> None:
         if payload is not None:
             self._channel.discard(worker_id, payload)
-
-    def __del__(self) -> None:
-        pass  # shutdown is the finalizer's job (weakref.finalize), never __del__'s
 
 
 class _TaskError(Exception):

@@ -1,0 +1,53 @@
+"""NebulaGraph for DataLoader workers: one session per process, and a feature store.
+
+Why this exists: a ``nebula3-python`` session is not process-safe.  After ``fork`` every worker
+holds a copy of the parent's socket; two processes sharing one session read each other's replies
+(the generated Thrift client ignores the reply's sequence id), so answers are silently wrong.
+Releasing an inherited session in the child signs the *parent's* session out (and
+``Session.__del__`` releases too).  So:
+
+* :class:`NebulaHooks` (a :class:`~mploader.worker.hooks.WorkerHooks`) opens one
+  :class:`NebulaSession` per worker process, closes it (signed out) at worker exit, and *detaches*
+  an inherited one without any network traffic.
+* Every live :class:`NebulaSession` is also detached automatically in a forked child
+  (``os.register_at_fork``), so even a session kept on a dataset attribute cannot talk over the
+  parent's socket; using it there raises an error that says what to do instead.
+* :class:`NebulaFeatureStore` fetches node features/labels and neighbours through
+  ``mploader.worker_session()`` with batched ``FETCH PROP ON`` / ``GO FROM`` statements.
+
+Feature vectors are stored as a string property (a NebulaGraph property cannot hold a list):
+**base64 of the little-endian float32 bytes** (:data:`FEATURE_ENCODING`), via
+:func:`encode_features` / :func:`decode_features`.  These two need only numpy; nebula3 is imported
+when a session is opened.
+"""
+
+from mploader.integrations.nebula.encoding import (
+    FEATURE_ENCODING,
+    decode_feature_batch,
+    decode_features,
+    encode_features,
+)
+from mploader.integrations.nebula.errors import (
+    NebulaAuthError,
+    NebulaConnectionError,
+    NebulaError,
+    NebulaQueryError,
+)
+from mploader.integrations.nebula.hooks import NebulaHooks
+from mploader.integrations.nebula.session import NebulaSession, parse_addresses
+from mploader.integrations.nebula.store import NebulaFeatureStore
+
+__all__ = [
+    "FEATURE_ENCODING",
+    "NebulaAuthError",
+    "NebulaConnectionError",
+    "NebulaError",
+    "NebulaFeatureStore",
+    "NebulaHooks",
+    "NebulaQueryError",
+    "NebulaSession",
+    "decode_feature_batch",
+    "decode_features",
+    "encode_features",
+    "parse_addresses",
+]

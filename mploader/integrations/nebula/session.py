@@ -1,0 +1,293 @@
+"""One process's graphd session (never shared across fork), and graphd addresses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mploader.integrations.nebula.errors import (
+    NebulaAuthError,
+    NebulaConnectionError,
+    NebulaError,
+    NebulaQueryError,
+)
+
+if TYPE_CHECKING:
+    from nebula3.Config import Config
+    from nebula3.data.ResultSet import ResultSet
+
+
+_SESSION_INVALID_CODES = (-1002, -1003)  # ErrorCode.E_SESSION_INVALID, E_SESSION_TIMEOUT
+
+
+def parse_addresses(addresses: Iterable[tuple[str, int] | str] | str) -> list[tuple[str, int]]:
+    """``"host:port"`` strings or ``(host, port)`` pairs as a list of ``(host, port)``."""
+    if isinstance(addresses, str):
+        addresses = [part for part in addresses.split(",") if part.strip()]
+    parsed: list[tuple[str, int]] = []
+    for address in addresses:
+        if isinstance(address, str):
+            host, separator, port_text = address.strip().rpartition(":")
+            if not separator or not host or not port_text.isdigit():
+                raise ValueError(f"NebulaGraph address {address!r} is not 'host:port'")
+            parsed.append((host, int(port_text)))
+        else:
+            pair_host, pair_port = address
+            parsed.append((str(pair_host), int(pair_port)))
+    if not parsed:
+        raise ValueError("NebulaHooks needs at least one graphd address, e.g. '127.0.0.1:9669'")
+    return parsed
+
+
+def describe_addresses(addresses: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in addresses)
+
+
+def _broken_connection_errors() -> tuple[type[BaseException], ...]:
+    from nebula3.Exception import IOErrorException
+    from nebula3.fbthrift.transport.TTransport import TTransportException
+
+    return (IOErrorException, TTransportException, OSError, EOFError)
+
+
+_live_sessions: weakref.WeakSet[NebulaSession] = weakref.WeakSet()
+
+
+def _detach_inherited_sessions() -> None:
+    """In a forked child: detach every session the parent had open (no network traffic)."""
+    for session in list(_live_sessions):
+        session.detach()
+
+
+os.register_at_fork(after_in_child=_detach_inherited_sessions)
+
+
+class NebulaSession:
+    """One process's graphd session: its own ``ConnectionPool`` and ``Session``, and a space.
+
+    :meth:`execute` raises :class:`NebulaQueryError` on a failed statement and, when the
+    connection is broken (or the server forgot the session, e.g. after a restart), reconnects
+    once with a fresh session, re-runs ``USE space`` and retries the statement.  A retried
+    ``INSERT`` is harmless (NebulaGraph inserts overwrite); other side effects may run twice.
+    Thread-safe (one statement at a time).  Never shared between processes: see the module doc.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        user: str,
+        password: str,
+        space: str | None,
+        config: Config | None = None,
+    ) -> None:
+        self.addresses = list(addresses)
+        self.user = user
+        self.password = password
+        self.space = space
+        self.config = config
+        self.pid = os.getpid()
+        self.reconnects = 0
+        self.closed = False
+        self.detached = False
+        self._pool: Any = None
+        self._session: Any = None
+        self._lock = threading.RLock()
+
+    @property
+    def session_id(self) -> int | None:
+        """graphd's id of the current session (changes after a reconnect)."""
+        session = self._session
+        return None if session is None else int(session._session_id)
+
+    @property
+    def where(self) -> str:
+        return describe_addresses(self.addresses)
+
+    def open(self) -> NebulaSession:
+        """Connect, sign in and ``USE`` the space; returns ``self``."""
+        with self._lock:
+            self._check_usable()
+            if self._session is None:
+                self._pool, self._session = self._connect()
+                _live_sessions.add(self)
+        return self
+
+    def execute(self, statement: str) -> ResultSet:
+        """Run ``statement``: its ``ResultSet`` if it succeeded, else :class:`NebulaQueryError`."""
+        broken = _broken_connection_errors()
+        with self._lock:
+            self._check_usable()
+            if self._session is None:
+                self.open()
+            try:
+                result = self._session.execute(statement)
+                lost = result.error_code() in _SESSION_INVALID_CODES
+                cause = f"the server no longer knows the session: {result.error_msg()}"
+            except broken as error:
+                lost, cause = True, f"{type(error).__name__}: {_message(error)}"
+            if lost:
+                self._reconnect(cause)
+                try:
+                    result = self._session.execute(statement)
+                except broken as error:
+                    raise NebulaConnectionError(
+                        f"NebulaGraph at {self.where} broke the connection again right after a "
+                        f"reconnect ({type(error).__name__}: {_message(error)}); is graphd healthy?"
+                    ) from error
+        if not result.is_succeeded():
+            shown = statement if len(statement) <= 300 else statement[:300] + " ..."
+            raise NebulaQueryError(
+                f"NebulaGraph at {self.where} rejected the statement (error {result.error_code()}: "
+                f"{result.error_msg()}): {shown}",
+                result.error_code(),
+                statement,
+            )
+        return result
+
+    def close(self) -> None:
+        """Sign the session out and close the pool; idempotent.  A no-op in another process."""
+        with self._lock:
+            if self.pid != os.getpid():
+                self.detach()
+                return
+            session, pool = self._session, self._pool
+            self._session = self._pool = None
+            self.closed = True
+            _live_sessions.discard(self)
+        if session is not None:
+            connection = session._connection
+            with contextlib.suppress(Exception):
+                session.release()  # signout is a one-way call ...
+                if connection is not None:
+                    connection.ping()  # ... so wait for one round trip: the server has signed out
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.close()
+
+    def detach(self) -> None:
+        """Forget the session without contacting the server (for a copy inherited by fork).
+
+        The nebula3 ``Session`` loses its connection (so its ``release``/``__del__`` do nothing),
+        and the pool's sockets are closed in this process only: closing a forked copy of a
+        socket leaves the parent's connection open.  Idempotent.
+        """
+        session, pool = self._session, self._pool
+        self._session = self._pool = None
+        self.detached = True
+        self._lock = threading.RLock()  # the parent's lock may have been held at fork time
+        _live_sessions.discard(self)
+        detach_raw_session(session, pool)
+
+    def _check_usable(self) -> None:
+        if self.detached or self.pid != os.getpid():
+            raise NebulaError(
+                f"this NebulaSession was opened by process {self.pid} and inherited by process "
+                f"{os.getpid()}; a session cannot be shared between processes (replies would mix "
+                "and closing it would sign the parent out). Open one per process: "
+                "mploader.worker_session() with NebulaHooks, or "
+                "ProcessLocal(hooks.open_session, close=NebulaSession.close)"
+            )
+        if self.closed:
+            raise NebulaError(f"this NebulaSession to {self.where} is closed")
+
+    def _connect(self) -> tuple[Any, Any]:
+        from nebula3.Config import Config
+        from nebula3.Exception import AuthFailedException
+        from nebula3.gclient.net import ConnectionPool
+
+        pool = ConnectionPool()
+        try:
+            pool.init(self.addresses, self.config if self.config is not None else Config())
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                pool.close()
+            raise NebulaConnectionError(
+                f"cannot reach NebulaGraph graphd at {self.where} ({_message(error)}). Check that "
+                "graphd is running and that the address is right (NebulaHooks(addresses=...)); "
+                "for tests, start `python -m mploader.testing.nebula_server --port 9669`"
+            ) from error
+        try:
+            session = pool.get_session(self.user, self.password, retry_connect=False)
+        except AuthFailedException as error:
+            pool.close()
+            raise NebulaAuthError(
+                f"NebulaGraph at {self.where} rejected user {self.user!r}: {_message(error)}. "
+                "Check the user name and password (NebulaHooks(user=..., password=...))"
+            ) from error
+        except Exception as error:
+            pool.close()
+            raise NebulaConnectionError(
+                f"could not open a session on NebulaGraph at {self.where} as {self.user!r}: "
+                f"{type(error).__name__}: {_message(error)}"
+            ) from error
+        if self.space:
+            result = session.execute(f"USE `{self.space}`")
+            if not result.is_succeeded():
+                message = result.error_msg()
+                with contextlib.suppress(Exception):
+                    session.release()
+                pool.close()
+                raise NebulaQueryError(
+                    f"cannot use space {self.space!r} on NebulaGraph at {self.where}: {message}. "
+                    "Create the space or fix NebulaHooks(space=...)",
+                    result.error_code(),
+                    f"USE `{self.space}`",
+                )
+        return pool, session
+
+    def _reconnect(self, cause: str) -> None:
+        old_session, old_pool = self._session, self._pool
+        old_id = self.session_id
+        self._session = self._pool = None
+        detach_raw_session(old_session, old_pool)  # its socket is broken or its session is gone
+        try:
+            self._pool, self._session = self._connect()
+        except NebulaError as error:
+            raise NebulaConnectionError(
+                f"lost the session on NebulaGraph at {self.where} ({cause}) and could not "
+                f"reconnect: {error}"
+            ) from error
+        self.reconnects += 1
+        if old_id is not None:  # free the old session on the server if it still exists there
+            with contextlib.suppress(Exception):
+                self._session._connection.signout(old_id)
+
+    def __enter__(self) -> NebulaSession:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a NebulaSession belongs to the process that opened it and cannot be pickled; "
+            "pickle the NebulaHooks (or NebulaFeatureStore) instead"
+        )
+
+    def __repr__(self) -> str:
+        state = "detached" if self.detached else "closed" if self.closed else "open"
+        return (
+            f"NebulaSession({self.where}, user={self.user!r}, space={self.space!r}, "
+            f"session_id={self.session_id}, pid={self.pid}, {state})"
+        )
+
+
+def _message(error: BaseException) -> str:
+    return str(getattr(error, "message", None) or error)
+
+
+def detach_raw_session(session: Any, pool: Any) -> None:
+    """Make a nebula3 ``Session``/``ConnectionPool`` inert without any network traffic."""
+    if session is not None:
+        session._connection = None  # release(), __del__ and execute() no longer touch a socket
+    if pool is not None:
+        with contextlib.suppress(Exception):
+            for connections in pool._connections.values():
+                for connection in connections:
+                    connection.close()  # closes this process's file descriptor only
+            pool._connections = {}
+            pool._close = True

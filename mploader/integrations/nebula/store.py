@@ -1,0 +1,156 @@
+"""Node features, labels and neighbours from NebulaGraph, batched per DataLoader batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mploader.integrations.nebula.encoding import decode_feature_batch
+from mploader.worker import hooks as worker_hooks
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _current_worker_session() -> Any:
+    return worker_hooks.worker_session()
+
+
+class NebulaFeatureStore:
+    """Node features, labels and neighbours from NebulaGraph, in the spirit of nebula-pyg.
+
+    Vertices have INT64 ids and a tag with a feature string (:data:`FEATURE_ENCODING`) and an
+    integer label.  Statements go through ``session()`` (default: ``mploader.worker_session()``,
+    so each DataLoader worker uses its own session, and ``num_workers=0`` uses the main
+    process.s), in chunks of ``batch_size`` vertices.  Picklable when ``session`` is (the
+    default is).
+    """
+
+    def __init__(
+        self,
+        tag: str,
+        feature_prop: str,
+        label_prop: str,
+        feature_dim: int,
+        edge: str | None = None,
+        batch_size: int = 256,
+        session: Callable[[], Any] | None = None,
+    ) -> None:
+        if feature_dim < 1 or batch_size < 1:
+            raise ValueError(
+                f"feature_dim and batch_size must be >= 1, got {feature_dim}, {batch_size}"
+            )
+        self.tag = tag
+        self.feature_prop = feature_prop
+        self.label_prop = label_prop
+        self.feature_dim = feature_dim
+        self.edge = edge
+        self.batch_size = batch_size
+        self.session = session or _current_worker_session
+
+    def fetch(
+        self, vids: Sequence[int] | np.ndarray | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features [n, D] float32, labels [n] int64)`` for ``vids``, in the order given."""
+        import torch
+
+        ids = _as_vid_array(vids)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        features = np.zeros((len(unique), self.feature_dim), dtype=np.float32)
+        labels = np.zeros(len(unique), dtype=np.int64)
+        found = np.zeros(len(unique), dtype=bool)
+        session = self.session()
+        for start in range(0, len(unique), self.batch_size):
+            chunk = unique[start : start + self.batch_size]
+            statement = (
+                f"FETCH PROP ON `{self.tag}` {', '.join(map(str, chunk.tolist()))} "
+                f"YIELD id(vertex) AS vid, `{self.tag}`.`{self.feature_prop}` AS feature, "
+                f"`{self.tag}`.`{self.label_prop}` AS label"
+            )
+            rows = session.execute(statement).rows()
+            if not rows:
+                continue
+            row_vids = np.array(_column(rows, 0, "IVAL", "id(vertex)"), dtype=np.int64)
+            positions = np.searchsorted(unique, row_vids)
+            texts = _column(rows, 1, "SVAL", f"{self.tag}.{self.feature_prop}")
+            try:
+                features[positions] = decode_feature_batch(texts, self.feature_dim)
+            except ValueError as error:
+                raise ValueError(
+                    f"bad `{self.feature_prop}' values on tag `{self.tag}': {error}"
+                ) from error
+            labels[positions] = _column(rows, 2, "IVAL", f"{self.tag}.{self.label_prop}")
+            found[positions] = True
+        if not found.all():
+            missing = unique[~found]
+            raise KeyError(
+                f"{len(missing)} vertices have no `{self.tag}' tag in the NebulaGraph space "
+                f"(first: {missing[:10].tolist()})"
+            )
+        return torch.from_numpy(features[inverse]), torch.from_numpy(labels[inverse])
+
+    def neighbors(
+        self, vids: Sequence[int] | np.ndarray | torch.Tensor, edge: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outgoing ``edge`` (default: the store's) edges of ``vids`` as ``(src, dst)`` int64."""
+        import torch
+
+        edge = edge or self.edge
+        if edge is None:
+            raise ValueError("NebulaFeatureStore.neighbors needs an edge type (edge=...)")
+        ids = _as_vid_array(vids)
+        session = self.session()
+        sources: list[int] = []
+        destinations: list[int] = []
+        for start in range(0, len(ids), self.batch_size):
+            chunk = ids[start : start + self.batch_size]
+            if len(chunk) == 0:
+                continue
+            statement = (
+                f"GO FROM {', '.join(map(str, chunk.tolist()))} OVER `{edge}` "
+                "YIELD src(edge) AS src, dst(edge) AS dst"
+            )
+            for row in session.execute(statement).rows():
+                sources.append(row.values[0].value)
+                destinations.append(row.values[1].value)
+        return (
+            torch.tensor(sources, dtype=torch.int64),
+            torch.tensor(destinations, dtype=torch.int64),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"NebulaFeatureStore(tag={self.tag!r}, feature_prop={self.feature_prop!r}, "
+            f"label_prop={self.label_prop!r}, feature_dim={self.feature_dim}, edge={self.edge!r})"
+        )
+
+
+def _column(rows: Sequence[Any], index: int, kind: str, what: str) -> list[Any]:
+    """Column ``index`` of raw result rows, checked to hold ``Value`` type ``kind`` (no NULLs)."""
+    from nebula3.common.ttypes import Value
+
+    expected = getattr(Value, kind)  # e.g. Value.IVAL
+    values = []
+    for row in rows:
+        value = row.values[index]
+        if value.getType() != expected:
+            got = Value.thrift_spec[value.getType()][2] if value.getType() else "nothing"
+            raise TypeError(
+                f"NebulaGraph returned {got} for {what}, expected {kind[0].lower()}Val "
+                "(is the property NULL or of another type?)"
+            )
+        values.append(value.value)
+    return values
+
+
+def _as_vid_array(vids: Any) -> np.ndarray:
+    if hasattr(vids, "detach"):  # a torch tensor
+        vids = vids.detach().cpu().numpy()
+    array = np.asarray(vids)
+    if array.ndim != 1:
+        raise ValueError(f"vertex ids must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"vertex ids must be integers (INT64 vids), got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
