@@ -44,8 +44,8 @@ class WorkerCounters:
 
 
 class IteratorMonitor:
-    def __init__(self, pids: list[int | None], trace_path: str | None) -> None:
-        self.workers = [WorkerCounters(pid) for pid in pids]
+    def __init__(self, num_workers: int, trace_path: str | None) -> None:
+        self.workers = [WorkerCounters(None) for _ in range(num_workers)]
         self.tracer = Tracer(trace_path) if trace_path else None
         self.batches_delivered = 0
         self.wait_seconds = 0.0
@@ -57,8 +57,11 @@ class IteratorMonitor:
         self._dispatched_at: dict[int, float] = {}
         self._arrived_at: dict[int, float] = {}
         self._last_sample_at = time.monotonic()
+
+    def workers_started(self, pids: list[int | None]) -> None:
         now = time.monotonic()
         for worker_id, pid in enumerate(pids):
+            self.workers[worker_id] = WorkerCounters(pid, started_at=now)
             self.worker_event("worker start", worker_id, pid, now)
 
     # -- the main loop's steps -------------------------------------------------------------------

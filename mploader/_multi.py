@@ -67,7 +67,7 @@ class MultiProcessIterator(BaseIterator):
         self._restarts_left = settings.max_worker_restarts
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
         self._group = WorkerGroup(self._spec_template(), context, self._num_workers)
-        self._monitor = IteratorMonitor(self._group.worker_pids(), settings.trace)
+        self._monitor = IteratorMonitor(self._num_workers, settings.trace)
         self._channel = make_main_channel(
             settings.shared_memory, self._tag, self._group.queue_release
         )
@@ -77,7 +77,9 @@ class MultiProcessIterator(BaseIterator):
             self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
             self._monitor,
         )
-        self._reset(loader, first_iter=True)
+        self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
+        self._group.start()  # ...for workers that start on them as soon as they exist
+        self._monitor.workers_started(self._group.worker_pids())
 
     def _spec_template(self) -> WorkerSpec:
         """The spec every worker shares; the group fills in the worker id and the epoch."""
@@ -136,6 +138,9 @@ class MultiProcessIterator(BaseIterator):
         worker_id = self._choose_worker()
         if worker_id is None:
             return
+        # Blocks the consumer has let go of must reach the worker before its next task, or it
+        # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
+        self._group.flush_releases()
         task_id = self._table.add(worker_id, indices)
         self._group.send(worker_id, Task(self._epoch, task_id, indices))
         self._group.handles[worker_id].state = BUSY

@@ -88,22 +88,24 @@ class WorkerGroup:
         self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
         self.template = template
         self.epoch = template.epoch  # the iterator moves it on; a restarted worker starts there
-        self._start(num_workers)
+        self._prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
+        self.handles = [handle for handle, _ in self._prepared]
         _lifecycle.register(self)
 
     # -- starting --------------------------------------------------------------------------------
 
-    def _start(self, num_workers: int) -> None:
+    def start(self) -> None:
+        """Start the prepared workers.  Tasks may already wait in their pipes: under fork, the
+        first worker works on its first batch while the others are still being forked."""
         from mploader._death import oom_kill_count
 
         self.oom_kills_at_start = oom_kill_count()
-        prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
-        self.handles = [handle for handle, _ in prepared]
+        prepared, self._prepared = self._prepared, []
         if self.forking:  # fork is fast, and forking from several threads is unsafe
             for handle, ends in prepared:
                 self._launch(handle, ends)
         else:  # spawn and forkserver start an interpreter each: start them together
-            with ThreadPoolExecutor(max_workers=min(num_workers, 16)) as pool:
+            with ThreadPoolExecutor(max_workers=min(len(prepared), 16)) as pool:
                 list(pool.map(lambda item: self._launch(*item), prepared))
         for handle in self.handles:
             self._watch(handle)
@@ -273,6 +275,9 @@ class WorkerGroup:
             self.closed = True
         try:
             for handle in self.handles:
+                if handle.pid is None:  # prepared, never started (a start failed or never came)
+                    handle.ended = True
+            for handle in self.handles:
                 if not handle.ended:
                     handle.state = STOPPING
                     handle.writer.send(Stop())
@@ -313,6 +318,10 @@ class WorkerGroup:
 
     def _release_resources(self) -> None:
         _lifecycle.unregister(self)  # first: the SIGCHLD handler must not wake a closed waiter
+        for _, worker_ends in self._prepared:  # never launched: their ends are still ours
+            for end in worker_ends:
+                end.close()
+        self._prepared = []
         for handle in self.handles:
             if not handle.ended:
                 handle.ended = handle.process.exitcode is not None
