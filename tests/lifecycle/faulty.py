@@ -9,6 +9,8 @@ import time
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from mploader import WorkerHooks
+
 
 class CustomError(Exception):
     def __init__(self, message: str, code: int) -> None:
@@ -86,3 +88,10 @@ class CollectsGarbage(Dataset):
         gc.collect()
         subprocess.run(["true"], check=True)
         return torch.tensor([index])
+
+
+class FailingSetupHooks(WorkerHooks):
+    """Worker hooks whose setup fails in every worker."""
+
+    def setup(self, info) -> None:
+        raise CustomError(f"setup failed in worker {info.id}", code=info.id)

@@ -15,7 +15,7 @@ import torch
 import mploader
 from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
 
-from .faulty import CustomError, FailingIter, Faulty, failing_init
+from .faulty import CustomError, FailingIter, FailingSetupHooks, Faulty, failing_init
 
 FAULTS = [
     # id, dataset kwargs, loader kwargs, error type, message patterns, seconds allowed
@@ -35,6 +35,8 @@ FAULTS = [
      [r"^DataLoader timed out after 1\.5 seconds$"], 15),
     ("init_fn_raises", {"how": "none"}, {"worker_init_fn": failing_init}, CustomError,
      [r"init failed in worker 0"], 15),
+    ("hook_raises", {"how": "none"}, {"worker_hooks": FailingSetupHooks()}, CustomError,
+     [r"setup failed in worker 0"], 15),
 ]
 
 
