@@ -129,10 +129,10 @@ class IteratorMonitor:
         self.workers[worker_id] = WorkerCounters(pid)
         self.worker_event("worker restart", worker_id, pid)
 
-    def epoch_ended(self) -> None:
+    def epoch_ended(self, write_trace: bool) -> None:
         self._dispatched_at.clear()
         self._arrived_at.clear()
-        if self.tracer:
+        if self.tracer and write_trace:
             self.tracer.flush()
 
     # -- the copy-on-write guard -----------------------------------------------------------------

@@ -202,7 +202,8 @@ class MultiProcessIterator(BaseIterator):
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _end_epoch(self) -> None:
-        self._monitor.epoch_ended()
+        # Persistent workers live on: write the trace now.  Otherwise shutdown writes it next.
+        self._monitor.epoch_ended(write_trace=self._persistent_workers)
         if not self._persistent_workers:
             self._shutdown_workers()
         raise StopIteration
