@@ -100,14 +100,18 @@ def messages(caught: list[warnings.WarningMessage], *objects: Any) -> list[tuple
 Point = namedtuple("Point", ["index", "coords", "label"])
 
 
-class TensorItems(Dataset):
-    """Item i: ``tensor([i, 2i], float32)``."""
+class Sized(Dataset):
+    """A map-style dataset of ``n`` items; subclasses say what item ``index`` is."""
 
     def __init__(self, n: int) -> None:
         self.n = n
 
     def __len__(self) -> int:
         return self.n
+
+
+class TensorItems(Sized):
+    """Item i: ``tensor([i, 2i], float32)``."""
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.n:
@@ -115,14 +119,8 @@ class TensorItems(Dataset):
         return torch.tensor([index, 2 * index], dtype=torch.float32)
 
 
-class DictItems(Dataset):
+class DictItems(Sized):
     """Dict samples mixing tensors, ints, floats, bools, strings and a nested dict."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {
@@ -135,40 +133,22 @@ class DictItems(Dataset):
         }
 
 
-class TupleItems(Dataset):
+class TupleItems(Sized):
     """Tuple samples: ``(int, float, str, tensor, bytes)``."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         return (index, index * 0.5, f"s{index}", torch.arange(3) + index, b"b%d" % index)
 
 
-class NamedTupleItems(Dataset):
+class NamedTupleItems(Sized):
     """``Point`` namedtuples holding a numpy array and a string."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> Point:
         return Point(index, np.array([index, index + 1], dtype=np.float64), f"p{index}")
 
 
-class NumpyItems(Dataset):
+class NumpyItems(Sized):
     """Numpy arrays of several dtypes and numpy scalars (default_collate makes tensors)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {
@@ -180,14 +160,8 @@ class NumpyItems(Dataset):
         }
 
 
-class GetItemsDataset(Dataset):
+class GetItemsDataset(Sized):
     """Has ``__getitems__``: samples say which path fetched them."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {"index": index, "via": "getitem"}
