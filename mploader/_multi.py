@@ -225,7 +225,6 @@ class MultiProcessIterator(BaseIterator):
 
     def _on_task_done(self, message: TaskDone, payload: bytes | None) -> None:
         handle = self._group.handles[message.worker_id]
-        handle.tasks_done += 1
         if self._table.pending_count(message.worker_id) <= 1:
             handle.state = READY
         result = _Arrived(message, payload)

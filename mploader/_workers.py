@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -59,8 +59,6 @@ class WorkerHandle:
     sentinel: int
     state: str = STARTING
     pid: int | None = None
-    started_at: float = field(default_factory=time.monotonic)
-    tasks_done: int = 0
     reader_open: bool = True
     ended: bool = False  # the process is gone and has been reaped
 
@@ -337,17 +335,3 @@ class WorkerGroup:
 
     def worker_pids(self) -> list[int | None]:
         return [handle.pid for handle in self.handles]
-
-    def alive_pids(self) -> list[int]:
-        return [h.pid for h in self.handles if h.pid is not None and not h.ended
-                and _pid_alive(h.pid)]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
