@@ -50,6 +50,20 @@ def run_epochs(loader: Any, plan: list[int | None]) -> tuple[list[list[Any]], li
     return epochs, iterators
 
 
+def assert_same_epochs(
+    reference: Any, loader: Any, plan: list[int | None]
+) -> tuple[list[list[Any]], list[Any]]:
+    """Run ``plan`` on torch's loader and on mploader's; every epoch's batches must be equal.
+
+    Returns mploader's per-epoch batches and iterators, for further checks.
+    """
+    expected, _ = run_epochs(reference, plan)
+    actual, iterators = run_epochs(loader, plan)
+    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        assert_same_batches(e, a, f"epoch {epoch}")
+    return actual, iterators
+
+
 def index_order(epoch: list[Any]) -> list[int]:
     return [int(i) for batch in epoch for i in batch["index"]]
 
@@ -69,10 +83,7 @@ def test_persistent_workers_shuffled_epochs(start_method: str, channel: bool) ->
 
     plan = [None, None, None, 1, None]
     reference, loader = make_pair(options, start_method, channel)
-    expected, _ = run_epochs(reference, plan)
-    actual, iterators = run_epochs(loader, plan)
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    actual, iterators = assert_same_epochs(reference, loader, plan)
     assert torch.equal(loader.generator.get_state(), reference.generator.get_state())
     orders = [index_order(epoch) for epoch in actual[:3]]
     assert len({tuple(order) for order in orders}) == 3, "shuffled epochs should differ"
@@ -103,10 +114,7 @@ def test_persistent_workers_map_style_plans(start_method: str, channel: bool, pl
         )
 
     reference, loader = make_pair(options, start_method, channel)
-    expected, _ = run_epochs(reference, plan)
-    actual, _ = run_epochs(loader, plan)
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    assert_same_epochs(reference, loader, plan)
 
 
 @pytest.mark.parametrize("start_method", ["fork"])
@@ -123,10 +131,7 @@ def test_persistent_workers_iterable(start_method: str, channel: bool, make_data
 
     plan = [None, 1, None, None]
     reference, loader = make_pair(options, start_method, channel)
-    expected, _ = run_epochs(reference, plan)
-    actual, _ = run_epochs(loader, plan)
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    assert_same_epochs(reference, loader, plan)
 
 
 @pytest.mark.parametrize("start_method", ["fork"])
@@ -138,10 +143,7 @@ def test_persistent_workers_random_streams_continue(start_method: str, channel: 
                     persistent_workers=True, generator=gen(17))
 
     reference, loader = make_pair(options, start_method, channel)
-    expected, _ = run_epochs(reference, [None, None, None])
-    actual, _ = run_epochs(loader, [None, None, None])
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    actual, _ = assert_same_epochs(reference, loader, [None, None, None])
     assert not torch.equal(actual[0][0][2], actual[1][0][2]), "epochs should draw new numbers"
 
 
@@ -160,10 +162,7 @@ def test_persistent_workers_random_streams_after_a_broken_epoch(
 
     plan = [1, None, 2, None]
     reference, loader = make_pair(options, start_method, channel)
-    expected, _ = run_epochs(reference, plan)
-    actual, _ = run_epochs(loader, plan)
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    assert_same_epochs(reference, loader, plan)
 
 
 # -- in_order=False --------------------------------------------------------------------------------
@@ -221,10 +220,7 @@ def test_new_epoch_after_breaking_out_without_persistent_workers(
 
     reference, loader = make_pair(options, start_method, channel)
     plan = [2, None, 1, None]
-    expected, _ = run_epochs(reference, plan)
-    actual, _ = run_epochs(loader, plan)
-    for epoch, (e, a) in enumerate(zip(expected, actual, strict=True)):
-        assert_same_batches(e, a, f"epoch {epoch}")
+    assert_same_epochs(reference, loader, plan)
     assert torch.equal(loader.generator.get_state(), reference.generator.get_state())
 
 
