@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) examples/demo.py
+	PYTHONPATH=$(CURDIR) $(PY) examples/demo.py  # nebula_testing/ lives in the repository, not the wheel
 
 lint: setup
 	$(PY) -m ruff check .

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mploader.shm import MainChannel, SharedMemoryConfig, WorkerChannel, new_loader_tag
+from mploader.channel.shm import MainChannel, WorkerChannel, new_loader_tag
+from mploader.config import SharedMemoryConfig
 
 CROSSOVER_SIZES = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20]
 

@@ -3,7 +3,7 @@
 A deterministic synthetic citation graph lives in NebulaGraph (by default the repository's
 graphd-compatible server, started here in the background; set ``NEBULA_ADDR=host:port`` and
 ``NEBULA_USER``/``NEBULA_PASSWORD``/``NEBULA_SPACE`` for a real one, already loaded with
-``mploader.testing.citation``'s schema and data).  Each DataLoader worker samples two-hop
+``nebula_testing.citation``'s schema and data).  Each DataLoader worker samples two-hop
 neighbourhoods of its seed nodes (``GO FROM ... OVER cites``) and fetches their features and
 labels (``FETCH PROP ON paper ...``) through its own session, then a small GraphSAGE-style model
 trains on the batches.
@@ -34,7 +34,7 @@ from torch.utils.data import Dataset
 
 import mploader
 from mploader.integrations.nebula import NebulaFeatureStore, NebulaHooks, parse_addresses
-from mploader.testing import citation
+from nebula_testing import citation
 
 GRAPH = {"num_nodes": 4000, "feature_dim": 64, "num_classes": 7, "seed": 0}
 BATCH_SEEDS = 64
@@ -158,7 +158,7 @@ def nebula_target() -> Iterator[tuple[str, str, str, str]]:
                os.environ.get("NEBULA_PASSWORD", "nebula"),
                os.environ.get("NEBULA_SPACE", citation.CITATION_SPACE))
         return
-    from mploader.testing.nebula_process import start_server_process
+    from nebula_testing.nebula_process import start_server_process
 
     with start_server_process(preload="citation", space=citation.CITATION_SPACE,
                               nodes=GRAPH["num_nodes"], feature_dim=GRAPH["feature_dim"],

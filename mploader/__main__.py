@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("path")
     summary.add_argument("--slowest", type=int, default=5)
     arguments = parser.parse_args(argv)
-    from mploader._trace_summary import summarize
+    from mploader.monitor.trace_summary import summarize
 
     print(summarize(arguments.path, arguments.slowest))
     return 0

@@ -21,7 +21,7 @@ _original_get_iterator: Any = None
 def _mploader_get_iterator(loader: Any) -> Any:
     if loader.num_workers == 0:
         return _original_get_iterator(loader)
-    from mploader._iterators import make_iterator
+    from mploader.iterator.factory import make_iterator
 
     loader.check_worker_number_rationality()
     return make_iterator(loader)

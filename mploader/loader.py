@@ -265,7 +265,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return self._get_iterator()
 
     def _get_iterator(self) -> Any:
-        from mploader._iterators import make_iterator
+        from mploader.iterator.factory import make_iterator
 
         if self.num_workers > 0:
             self.check_worker_number_rationality()
@@ -301,14 +301,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
 def _warm_up_zygote(num_workers: int, context: Any) -> None:
     """Start the spawn/forkserver zygote now, so its torch import overlaps the user's own set-up
-    instead of delaying the first batch (see ``mploader._zygote``)."""
-    from mploader import _zygote
+    instead of delaying the first batch (see ``mploader.process.zygote``)."""
+    from mploader.process import zygote
 
-    if num_workers == 0 or not _zygote.enabled():
+    if num_workers == 0 or not zygote.enabled():
         return
     resolved = context or python_multiprocessing.get_context()
     if resolved.get_start_method() in ("spawn", "forkserver"):
-        _zygote.zygote_for(resolved)
+        zygote.zygote_for(resolved)
 
 
 def _check_additions(
@@ -330,6 +330,6 @@ def _check_additions(
             "an IterableDataset's iterator where the dead worker left it, so its samples would "
             "be lost or repeated; use max_worker_restarts=0 with an IterableDataset"
         )
-    from mploader.shm_config import resolve_shared_memory_option
+    from mploader.config import resolve_shared_memory
 
-    resolve_shared_memory_option(shared_memory)  # raises TypeError for anything else
+    resolve_shared_memory(shared_memory)  # raises TypeError for anything else

@@ -57,15 +57,3 @@ def make_fetcher(
     if is_iterable:
         return IterableFetcher(dataset, auto_collation, drop_last)
     return MapFetcher(dataset, auto_collation)
-
-
-def plain_default_collate(batch: Any) -> Any:
-    """torch's in-worker ``default_collate``, stacking into ordinary memory.
-
-    Inside a worker, torch's version allocates a torch shared-memory segment per tensor, which
-    plain pickling would then copy out again.  Values, dtypes and errors are torch's, and types a
-    user registers in torch's ``default_collate_fn_map`` (even after import) are honoured.
-    """
-    from mploader.shm.collate import collate_samples
-
-    return collate_samples(batch, into_block=False)

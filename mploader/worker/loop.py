@@ -1,6 +1,7 @@
 """The worker process: read tasks, fetch, collate, encode, reply; exit cleanly.
 
-Protocol (see ``mploader._messages``): the worker reads its task pipe in FIFO order. Every read
+Protocol (see ``mploader.worker.messages``): the worker reads its task pipe in FIFO order.
+Every read
 drains what is already in the pipe into an inbox first, so ``Release`` messages are applied at once
 and tasks queued before a ``Stop`` are dropped unseen (those before a ``Resume`` still run, as
 in torch, so that workers' random streams match torch's after a broken epoch). Each ``Task``
@@ -25,8 +26,15 @@ from typing import Any
 
 import torch
 
-from mploader import _lifecycle
-from mploader._messages import (
+from mploader.channel import WorkerEnd, open_worker_end
+from mploader.errors import RemoteError
+from mploader.monitor.events import TaskTimings
+from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
+from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
+from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
+from mploader.worker.inherited import close_inherited
+from mploader.worker.memory import keep_large_allocations_on_heap
+from mploader.worker.messages import (
     SEPARATE_FRAME_BYTES,
     IterableExhausted,
     Release,
@@ -36,12 +44,6 @@ from mploader._messages import (
     TaskDone,
     WorkerReady,
 )
-from mploader._plain_channel import make_worker_channel
-from mploader.errors import RemoteError
-from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
-from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
-from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
-from mploader.worker.memory import keep_large_allocations_on_heap
 from mploader.worker.spec import WorkerSpec
 from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 
@@ -59,7 +61,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     faulthandler.enable()  # a segfault in native code prints the Python stack to stderr
     # `kill -USR1 <worker pid>` prints what every thread of the worker is doing, then goes on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    _lifecycle.close_inherited(spec.inherited_fds_to_close)
+    close_inherited(spec.inherited_fds_to_close)
     WorkerLoop(spec, tasks, results).run()
 
 
@@ -78,7 +80,9 @@ class WorkerLoop:
         self.epoch_error: RemoteError | None = None
         self.fetcher: MapFetcher | IterableFetcher | None = None
         self.watchdog = ParentWatchdog(spec.parent_pid)
-        self.channel: Any = None
+        self.channel: WorkerEnd = open_worker_end(
+            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag
+        )
         self.released: list[tuple[int, int]] = []
 
     def run(self) -> None:
@@ -103,9 +107,6 @@ class WorkerLoop:
         seed = seed_worker(spec.base_seed, spec.worker_id)
         info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.dataset)
         set_worker_info(info)
-        self.channel = make_worker_channel(
-            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag
-        )
         try:
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(spec.worker_id)
@@ -131,17 +132,13 @@ class WorkerLoop:
             self.epoch_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
 
     def finish(self) -> None:
-        for step in (deactivate_hooks, close_process_locals, self._close_channel):
+        for step in (deactivate_hooks, close_process_locals, self.channel.close):
             try:
                 step()
             except Exception:
                 _log.exception("worker %d: error during exit", self.spec.worker_id)
         self.results.close()
         self.tasks.close()
-
-    def _close_channel(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
 
     # -- reading the task pipe -------------------------------------------------------------------
 
@@ -245,8 +242,8 @@ class WorkerLoop:
         except Exception as error:
             self.send_error(task, error)
             return
-        done = TaskDone(task.epoch, task.task_id, spec.worker_id)
-        done.timings = {"start": started, "fetched": fetched, "encoded": time.monotonic()}
+        timings = TaskTimings(started, fetched, time.monotonic())
+        done = TaskDone(task.epoch, task.task_id, spec.worker_id, timings=timings)
         self.send(done, payload)
 
     def send_error(self, task: Task, error: BaseException) -> None:

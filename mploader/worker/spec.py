@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mploader.config import SharedMemoryConfig
 from mploader.worker.hooks import WorkerHooks
+from mploader.worker.inherited import InheritedFds
 
 
 @dataclass
@@ -22,10 +24,10 @@ class WorkerSpec:
     base_seed: int
     worker_init_fn: Callable[[int], None] | None
     hooks: WorkerHooks | None
-    shared_memory: Any  # mploader.shm.SharedMemoryConfig, or None for plain pickling
+    shared_memory: SharedMemoryConfig | None  # None: plain pickling
     loader_tag: str
     parent_pid: int
     epoch: int
     # Under fork, the main-process ends of *other* workers' pipes are inherited too; the worker
     # closes them so that a pipe's EOF means what it says.
-    inherited_fds_to_close: tuple[tuple[int, tuple[int, int]], ...] = ()  # fd, (dev, inode)
+    inherited_fds_to_close: InheritedFds = ()

@@ -13,16 +13,15 @@ import psutil
 import pytest
 
 import mploader
+from mploader.channel.shm import SharedMemoryFullError
+from mploader.config import SharedMemoryConfig
 from mploader.errors import WorkerDiedError
-from mploader.shm import SharedMemoryConfig, SharedMemoryFullError
+from tests.leaks import leaked_entries
+from tests.leaks import shm_entries as shm_names
 
 from .datasets import NumpyItems, Patterned, kill_while_writing
 
 MiB = 1 << 20
-
-
-def shm_names() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "mploader" in name}
 
 
 def shm_used_bytes() -> int:
@@ -36,9 +35,10 @@ def no_shm_leftovers():
     yield
     gc.collect()
     deadline = time.monotonic() + 5
-    while shm_names() - before and time.monotonic() < deadline:
+    while leaked_entries(before) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert shm_names() <= before, f"left in /dev/shm: {shm_names() - before}"
+    leaked = leaked_entries(before)
+    assert not leaked, f"left in /dev/shm: {leaked}"
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])

@@ -11,7 +11,7 @@ import torch
 
 import mploader
 from mploader.integrations.nebula import NebulaAuthError, NebulaConnectionError
-from mploader.testing.pytest_nebula import NebulaTarget, session_ids, wait_for
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 from .loader_datasets import FetchFeatures, YieldThroughInheritedSession, YieldThroughWorkerSession
 

@@ -19,7 +19,6 @@ from nebula3.Config import Config
 from nebula3.gclient.net import ConnectionPool
 
 from mploader.integrations.nebula import NebulaError, NebulaSession
-from mploader.testing.pytest_nebula import NebulaTarget, session_ids, wait_for
 from mploader.worker.hooks import (
     ProcessLocal,
     activate_hooks,
@@ -28,6 +27,7 @@ from mploader.worker.hooks import (
     worker_session,
 )
 from mploader.worker.info import make_worker_info
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 FORK = multiprocessing.get_context("fork")
 HAMMER_SECONDS = 0.5  # long enough that both children surely run at the same time

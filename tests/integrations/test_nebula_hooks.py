@@ -25,8 +25,6 @@ from mploader.integrations.nebula import (
     encode_features,
     parse_addresses,
 )
-from mploader.testing import citation, start_server_process
-from mploader.testing.pytest_nebula import NebulaTarget, session_ids, wait_for
 from mploader.worker.hooks import (
     activate_hooks,
     close_worker_session,
@@ -34,6 +32,8 @@ from mploader.worker.hooks import (
     worker_session,
 )
 from mploader.worker.info import make_worker_info
+from nebula_testing import citation, start_server_process
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 INFO = make_worker_info(0, 1, 0, None)
 

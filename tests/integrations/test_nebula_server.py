@@ -16,8 +16,8 @@ from nebula3.Exception import AuthFailedException
 from nebula3.gclient.net import ConnectionPool
 
 from mploader.integrations.nebula import decode_features, encode_features
-from mploader.testing import citation
-from mploader.testing.pytest_nebula import NebulaTarget, session_ids, wait_for
+from nebula_testing import citation
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 
 def _pool(target: NebulaTarget) -> ConnectionPool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mploader.testing import ngql_syntax as syntax
-from mploader.testing.ngql import NgqlSyntaxError, parse_statements
+from nebula_testing import ngql_syntax as syntax
+from nebula_testing.ngql import NgqlSyntaxError, parse_statements
 
 
 def test_statements_split_on_semicolons() -> None:

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import gc
-import os
 import time
 
 import psutil
 import pytest
+
+from tests.leaks import leaked_entries, shm_entries
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -17,16 +18,16 @@ def start_method(request: pytest.FixtureRequest) -> str:
 
 def _helper_process(process: psutil.Process) -> bool:
     """multiprocessing's own long-lived helpers (the fork server, the resource tracker), and
-    test servers other fixtures keep for the session (mploader.testing's NebulaGraph server)."""
+    test servers other fixtures keep for the session (nebula_testing's NebulaGraph server)."""
     try:
         command = " ".join(process.cmdline())
     except psutil.Error:
         return True
-    return any(name in command for name in ("forkserver", "resource_tracker", "mploader.testing"))
+    return any(name in command for name in ("forkserver", "resource_tracker", "nebula_testing"))
 
 
 def worker_children() -> list[psutil.Process]:
-    from mploader._zygote import helper_pids
+    from mploader.process.zygote import helper_pids
 
     helpers = set(helper_pids())
     children = psutil.Process().children(recursive=True)
@@ -52,10 +53,6 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "mploader" in name}
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers():
     """Every lifecycle test must end with no worker process and no shared-memory entry."""
@@ -64,4 +61,5 @@ def no_leftovers():
     gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
     leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
     assert not leftover, f"worker processes left behind: {leftover}"
-    assert shm_entries() <= shm_before, f"/dev/shm entries leaked: {shm_entries() - shm_before}"
+    leaked = leaked_entries(shm_before)
+    assert not leaked, f"/dev/shm entries leaked: {leaked}"

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 import mploader
-from mploader import _monitor
+from mploader.monitor import monitor as _monitor
 
 from .faulty import Slow
 

@@ -170,13 +170,13 @@ def test_the_sigchld_handler_takes_no_lock():
     register(), or by the handler itself when several workers end together) deadlocked."""
     import threading
 
-    from mploader import _lifecycle
+    from mploader.process import sigchld
 
     done = threading.Event()
 
     def handle_while_locked() -> None:
-        with _lifecycle._lock:
-            _lifecycle._on_sigchld(signal.SIGCHLD, None)
+        with sigchld._lock:
+            sigchld._on_sigchld(signal.SIGCHLD, None)
         done.set()
 
     thread = threading.Thread(target=handle_while_locked, daemon=True)

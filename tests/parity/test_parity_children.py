@@ -59,16 +59,16 @@ def test_many_short_lived_children_after_an_mploader_iterator() -> None:
 def test_sigchld_while_the_handler_holds_its_lock() -> None:
     """The deterministic form of the test above: a SIGCHLD delivered while the main thread is
     inside mploader's bookkeeping lock (as it is while the handler itself runs)."""
-    from mploader import _lifecycle
+    from mploader.process import sigchld
 
-    if not hasattr(_lifecycle, "_lock") or not hasattr(_lifecycle, "_install_sigchld_handler"):
-        pytest.skip("mploader._lifecycle no longer has the lock this test reaches for")
+    if not hasattr(sigchld, "_lock") or not hasattr(sigchld, "_install_sigchld_handler"):
+        pytest.skip("mploader.process.sigchld no longer has the lock this test reaches for")
     result = run_python(
         """
         import os, signal
-        from mploader import _lifecycle
-        _lifecycle._install_sigchld_handler()
-        with _lifecycle._lock:
+        from mploader.process import sigchld
+        sigchld._install_sigchld_handler()
+        with sigchld._lock:
             os.kill(os.getpid(), signal.SIGCHLD)
         print("ok")
         """,

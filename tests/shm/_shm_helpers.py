@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterable
 from typing import Any
 
-import psutil
-
-from mploader.shm import MainChannel, SharedMemoryConfig, WorkerChannel, new_loader_tag
-from mploader.shm.names import list_names
-
-_MAIN_PID = re.compile(r"^mploader-(\d+)-")
-
-
-def leaked_names(before: Iterable[str]) -> set[str]:
-    """New ``mploader-*`` entries whose main pid is this process or a dead process."""
-    leaked = set()
-    for name in set(list_names()) - set(before):
-        match = _MAIN_PID.match(name)
-        main_pid = int(match.group(1)) if match else -1
-        if main_pid == os.getpid() or not psutil.pid_exists(main_pid):
-            leaked.add(name)
-    return leaked
+from mploader.channel.shm import MainChannel, WorkerChannel, new_loader_tag
+from mploader.channel.shm.names import list_names
+from mploader.config import SharedMemoryConfig
 
 
 def names_of(loader_tag: str) -> list[str]:

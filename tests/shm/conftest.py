@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from _shm_helpers import leaked_names
+
+from tests.leaks import leaked_entries
 
 
 @pytest.fixture(autouse=True)
 def no_leaked_names() -> Iterator[None]:
-    from mploader.shm.names import list_names
+    from mploader.channel.shm.names import list_names
 
     before = set(list_names())
     yield
-    leaked = leaked_names(before)
+    leaked = leaked_entries(before)
     assert not leaked, f"test left shared-memory entries behind: {sorted(leaked)}"

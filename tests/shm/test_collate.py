@@ -11,7 +11,8 @@ import torch
 from _shm_helpers import Loopback
 from torch.utils.data import default_collate
 
-from mploader.shm import SharedMemoryConfig
+from mploader.channel.plain import PlainMainEnd, PlainWorkerEnd
+from mploader.config import SharedMemoryConfig
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
@@ -106,12 +107,8 @@ def test_requires_grad_fails_as_torchs_in_worker_collate(loop):
 
 @pytest.mark.parametrize("name", ["ints", "big_tensors", "dicts", "nested"])
 def test_matches_default_collate_with_plain_pickling(name):
-    with Loopback() as shm_loop:
-        tag = shm_loop.tag
-    from mploader.shm import MainChannel, WorkerChannel
-
-    worker = WorkerChannel(None, 0, 1, tag)
-    main = MainChannel(None, tag, lambda *args: None)
+    worker = PlainWorkerEnd()
+    main = PlainMainEnd()
     samples = SAMPLE_TABLE[name]
     received = main.decode(0, worker.collate_and_encode(samples, lambda timeout: []))
     assert_same(received, default_collate(samples))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _shm_helpers import Loopback
 
-from mploader.shm import SharedMemoryConfig
+from mploader.config import SharedMemoryConfig
 
 BIG = 250_000  # float32 elements: 1 MB, well above the inline threshold
 

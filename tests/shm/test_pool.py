@@ -10,14 +10,10 @@ import pytest
 import torch
 from _shm_helpers import Loopback, names_of
 
-from mploader.shm import (
-    BatchTooLargeError,
-    SharedMemoryConfig,
-    SharedMemoryFullError,
-    resolve_shared_memory,
-)
-from mploader.shm.block import FREE_BYTES_ENV
-from mploader.shm.pool import size_class
+from mploader.channel.shm import BatchTooLargeError, SharedMemoryFullError
+from mploader.channel.shm.block import FREE_BYTES_ENV
+from mploader.channel.shm.pool import size_class
+from mploader.config import SharedMemoryConfig, resolve_shared_memory
 
 MIB = 1 << 20
 
@@ -195,7 +191,7 @@ def test_config_validation(kwargs):
 
 
 def test_bad_loader_tag_is_rejected():
-    from mploader.shm import WorkerChannel
+    from mploader.channel.shm import WorkerChannel
 
     with pytest.raises(ValueError, match="loader_tag"):
         WorkerChannel(SharedMemoryConfig(), 0, 1, "no-pid-here-x")

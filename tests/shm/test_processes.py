@@ -11,8 +11,9 @@ import psutil
 import torch
 from _shm_helpers import names_of, own_block_then_wait, serve
 
-from mploader.shm import MainChannel, SharedMemoryConfig, new_loader_tag, sweep_orphans
-from mploader.shm.names import list_names
+from mploader.channel.shm import MainChannel, new_loader_tag, sweep_orphans
+from mploader.channel.shm.names import list_names
+from mploader.config import SharedMemoryConfig
 
 
 class RemoteWorker:

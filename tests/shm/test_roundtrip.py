@@ -11,7 +11,7 @@ import pytest
 import torch
 from _shm_helpers import Loopback
 
-from mploader.shm import SharedMemoryConfig
+from mploader.config import SharedMemoryConfig
 
 TORCH_DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
@@ -172,12 +172,10 @@ def test_inline_threshold_is_respected():
 
 
 def test_plain_pickling_without_config():
-    with Loopback() as shm_loop:
-        tag = shm_loop.tag
-    from mploader.shm import MainChannel, WorkerChannel
+    from mploader.channel import open_main_end, open_worker_end
 
-    worker = WorkerChannel(None, 0, 1, tag)
-    main = MainChannel(None, tag, lambda *args: None)
+    worker = open_worker_end(None, 0, 1, "1-plain")
+    main = open_main_end(None, "1-plain", lambda *args: None)
     batch = {"x": torch.arange(5), "y": [np.ones(2), "s"]}
     received = main.decode(0, worker.encode(batch, lambda timeout: []))
     assert torch.equal(received["x"], batch["x"]) and received["y"][1] == "s"

@@ -208,7 +208,7 @@ class NebulaSession:
             raise NebulaConnectionError(
                 f"cannot reach NebulaGraph graphd at {self.where} ({_message(error)}). Check that "
                 "graphd is running and that the address is right (NebulaHooks(addresses=...)); "
-                "for tests, start `python -m mploader.testing.nebula_server --port 9669`"
+                "for tests, start `python -m nebula_testing.nebula_server --port 9669`"
             ) from error
         try:
             session = pool.get_session(self.user, self.password, retry_connect=False)

@@ -1,0 +1,43 @@
+"""The result channel: how a batch travels from a worker to the main process.
+
+``protocol`` types the two ends; ``plain`` pickles batches into the message; ``shm/`` is the pooled
+shared-memory channel (pool, codec, blocks, names); ``collate`` is torch's ``default_collate``
+rebuilt to stack into a block (or into ordinary memory for the plain channel).  The channel imports
+only ``mploader.config`` and ``mploader.errors`` from the rest of the package: the worker loop and
+the iterator call it, never the other way round.
+"""
+
+from __future__ import annotations
+
+from mploader.channel.protocol import MainEnd, OnRelease, WaitForRelease, WorkerEnd
+from mploader.config import SharedMemoryConfig
+
+
+def open_worker_end(
+    config: SharedMemoryConfig | None, worker_id: int, num_workers: int, loader_tag: str
+) -> WorkerEnd:
+    """A worker's end: plain pickling when ``config`` is None, else the worker's block pool."""
+    if config is None:
+        from mploader.channel.plain import PlainWorkerEnd
+
+        return PlainWorkerEnd()
+    from mploader.channel.shm import WorkerChannel
+
+    return WorkerChannel(config, worker_id, num_workers, loader_tag)
+
+
+def open_main_end(
+    config: SharedMemoryConfig | None, loader_tag: str, on_release: OnRelease
+) -> MainEnd:
+    """The main process's end, matching :func:`open_worker_end`."""
+    if config is None:
+        from mploader.channel.plain import PlainMainEnd
+
+        return PlainMainEnd()
+    from mploader.channel.shm import MainChannel
+
+    return MainChannel(config, loader_tag, on_release)
+
+
+__all__ = ["MainEnd", "OnRelease", "WaitForRelease", "WorkerEnd", "open_main_end",
+           "open_worker_end"]

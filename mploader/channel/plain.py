@@ -1,0 +1,45 @@
+"""The result channel with ``shared_memory=False``: batches are pickled into the message."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from mploader.channel.collate import collate_samples
+from mploader.channel.protocol import WaitForRelease
+
+
+class PlainWorkerEnd:
+    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes:
+        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+        # torch's in-worker default_collate allocates a shared-memory segment per tensor, which
+        # pickling would copy out again: stack into ordinary memory instead.
+        return self.encode(collate_samples(samples, into_block=False), wait_for_release)
+
+    def release(self, block_id: int, generation: int) -> None:
+        raise AssertionError("plain pickling holds no shared-memory blocks")
+
+    def statistics(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class PlainMainEnd:
+    def decode(self, worker_id: int, payload: bytes) -> Any:
+        return pickle.loads(payload)
+
+    def discard(self, worker_id: int, payload: bytes) -> None:
+        pass
+
+    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
+        pass
+
+    def statistics(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass

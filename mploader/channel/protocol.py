@@ -1,0 +1,49 @@
+"""The two ends of a result channel, as typed protocols.
+
+A worker holds a :class:`WorkerEnd`: it turns a batch (or the samples of one, to collate) into
+the bytes of a message, and takes back the blocks the main process released.  The main process
+holds a :class:`MainEnd`: it turns those bytes back into a batch, or discards them.  The plain
+channel (pickling) and the shared-memory channel both implement them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+# Blocks the worker's pool may reuse: given a timeout, returns (block_id, generation) pairs the
+# main process released (an empty list when none came in time).
+WaitForRelease = Callable[[float], Iterable[tuple[int, int]]]
+
+# Main side: called with (worker_id, block_id, generation) when no view of a block is left.
+OnRelease = Callable[[int, int, int], None]
+
+
+class WorkerEnd(Protocol):
+    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes: ...
+
+    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+        """torch's ``default_collate`` of ``samples``, encoded; the same values and errors."""
+        ...
+
+    def release(self, block_id: int, generation: int) -> None: ...
+
+    def statistics(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class MainEnd(Protocol):
+    def decode(self, worker_id: int, payload: bytes) -> Any: ...
+
+    def discard(self, worker_id: int, payload: bytes) -> None:
+        """Drop a message without building its batch, returning any blocks it holds."""
+        ...
+
+    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
+        """A worker process has ended: remove what only it could have cleaned up."""
+        ...
+
+    def statistics(self) -> Any: ...
+
+    def close(self) -> None: ...

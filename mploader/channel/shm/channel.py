@@ -1,0 +1,329 @@
+"""The two ends of the shared-memory channel: :class:`WorkerChannel` and :class:`MainChannel`.
+
+A worker encodes each batch into a payload (bytes for its result queue): small leaves inline,
+large ones copied once into a block of its pool. The main process decodes payloads into batches
+whose tensors and arrays are views on the mapped blocks, and reports through ``on_release`` when
+the last view of a batch is gone, so the worker can reuse the block. ::
+
+    worker                                   main
+    ------                                   ----
+    encode(batch) -> acquire block,          decode(payload) -> map block once (cache by id),
+      copy leaves, payload                     unlink its name, build views; a lease object per
+                                               batch owns the views' memory
+    release(block_id, generation)  <--core--  on_release(worker_id, block_id, generation)
+                                               when the lease is garbage-collected
+
+Releases travel through the core (the worker's control pipe), not through this module.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from mploader.channel.collate import collate_samples
+from mploader.channel.protocol import OnRelease, WaitForRelease
+from mploader.channel.shm.block import Mapping, open_block
+from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
+from mploader.channel.shm.names import (
+    block_name,
+    check_loader_tag,
+    unlink_loader_names,
+    unlink_quietly,
+)
+from mploader.channel.shm.pool import BlockPool
+from mploader.channel.shm.stats import ChannelStatistics, PoolStatistics
+from mploader.config import SharedMemoryConfig
+
+_SEQUENCE_MASK = (1 << 32) - 1  # block_id = worker_pid << 32 | sequence
+
+
+class WorkerChannel:
+    """The worker's end: turns batches into payloads, owning the worker's pool of blocks.
+
+    ``wait_for_release(timeout)`` (given by the worker loop) is called only while the pool is out
+    of budget; it blocks up to ``timeout`` seconds on the worker's control pipe and returns the
+    ``(block_id, generation)`` releases that arrived. The channel applies them itself; releases the
+    loop reads at other times it passes to :meth:`release`. Applying one twice is harmless.
+    """
+
+    def __init__(
+        self,
+        config: SharedMemoryConfig,
+        worker_id: int,
+        num_workers: int,
+        loader_tag: str,
+    ) -> None:
+        check_loader_tag(loader_tag)
+        self.worker_id = worker_id
+        self._config = config
+        self._worker_pid = os.getpid()
+        budget = config.effective_budget_bytes() // max(num_workers, 1)
+        self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes)
+        self._inline_leaves = 0
+        self._block_leaves = 0
+        self._messages = 0
+        self._closed = False
+
+    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes:
+        """Serialize ``batch`` (any picklable object) into a payload for ``MainChannel.decode``."""
+        self._check_open()
+        encoder = LeafEncoder(self._config.inline_threshold)
+        body = encoder.encode(batch)
+        return self._finish(encoder, body, wait_for_release)
+
+    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+        """``encode(default_collate(samples))``, with tensors stacked straight into the block."""
+        self._check_open()
+        return self.encode(collate_samples(samples, into_block=True), wait_for_release)
+
+    def release(self, block_id: int, generation: int) -> None:
+        """The main process holds no view of this block any more (stale releases are ignored)."""
+        self._pool.release(block_id, generation)
+
+    def statistics(self) -> PoolStatistics:
+        pool = self._pool
+        return PoolStatistics(
+            worker_id=self.worker_id, worker_pid=self._worker_pid, budget_bytes=pool.budget_bytes,
+            blocks=pool.blocks, bytes=pool.bytes, blocks_in_use=pool.blocks_in_use,
+            reuse_hits=pool.reuse_hits, reuse_misses=pool.reuse_misses,
+            evictions=pool.evictions, waits=pool.waits, wait_seconds=pool.wait_seconds,
+            inline_leaves=self._inline_leaves, shm_leaves=self._block_leaves,
+            messages=self._messages, stale_releases=pool.stale_releases, spills=pool.spills,
+        )
+
+    def close(self) -> None:
+        """Unlink every name the pool still has and unmap its blocks. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+
+    def __enter__(self) -> WorkerChannel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _finish(self, encoder: LeafEncoder, body: bytes, wait_for_release: WaitForRelease) -> bytes:
+        """Place the block leaves (waiting for a block if need be) and prepend the envelope."""
+        block_ref = None
+        if encoder.block_bytes:
+            block = self._pool.acquire(encoder.block_bytes, wait_for_release)
+            try:
+                encoder.fill(block.array)
+            except BaseException:
+                self._pool.release(block.block_id, block.generation)  # never sent: free again
+                raise
+            block_ref = (block.block_id, block.generation, block.size, encoder.block_bytes)
+        self._inline_leaves += encoder.inline_leaves
+        self._block_leaves += encoder.block_leaves
+        self._messages += 1
+        envelope = encode_envelope(
+            self._worker_pid, block_ref, self._pool.take_retired(), self.statistics().to_tuple()
+        )
+        return envelope + body
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"WorkerChannel of worker {self.worker_id} is closed")
+
+
+class _WorkerIncarnation:
+    """One worker process as the main process sees it: its mapped blocks, and whether releases
+    of its blocks should still be reported (not after it died or the channel closed)."""
+
+    __slots__ = ("alive", "mappings", "worker_id", "worker_pid")
+
+    def __init__(self, worker_id: int, worker_pid: int) -> None:
+        self.worker_id = worker_id
+        self.worker_pid = worker_pid
+        self.mappings: dict[int, Mapping] = {}
+        self.alive = True
+
+
+class _ReleaseRoute:
+    """Carries lease finalizations to ``on_release``; shared by all leases of one channel.
+
+    Finalizers run in whatever thread drops the last view, possibly inside a garbage collection
+    that interrupts this channel's own code, hence a re-entrant lock. In a forked child (which
+    inherits our leases), nothing is reported.
+    """
+
+    def __init__(self, on_release: OnRelease) -> None:
+        self.on_release = on_release
+        self.lock = threading.RLock()
+        self.open = True
+        self.main_pid = os.getpid()
+        self.released = 0
+
+    def release(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        if os.getpid() != self.main_pid:
+            return
+        with self.lock:
+            self.released += 1
+            if self.open and incarnation.alive:
+                self.on_release(incarnation.worker_id, block_id, generation)
+
+
+class _Lease:
+    """The memory of one batch in one block; every view of the batch has this as its base.
+
+    numpy collapses chains of views to the first non-array base, which is this object, so the
+    lease lives exactly as long as some array or tensor of the batch does (torch.from_numpy keeps
+    its array alive; torch views keep their storage). Its finalizer releases the block.
+    """
+
+    __slots__ = ("__array_interface__", "__weakref__", "_mapping")
+
+    def __init__(self, mapping: Mapping, used_bytes: int) -> None:
+        self._mapping = mapping  # keeps the block mapped even if the channel forgets it
+        self.__array_interface__ = {
+            "shape": (used_bytes,), "typestr": "|u1", "data": (mapping.address, False),
+            "version": 3,
+        }
+
+
+class MainChannel:
+    """The main process's end: decodes payloads into zero-copy batches, one per iterator."""
+
+    def __init__(
+        self, config: SharedMemoryConfig, loader_tag: str, on_release: OnRelease
+    ) -> None:
+        check_loader_tag(loader_tag)
+        self._loader_tag = loader_tag
+        self._route = _ReleaseRoute(on_release)
+        self._workers: dict[int, _WorkerIncarnation] = {}
+        self._reported: dict[int, tuple] = {}
+        self._decodes = 0
+        self._discards = 0
+        self._leases = 0
+        self._closed = False
+
+    def decode(self, worker_id: int, payload: bytes) -> Any:
+        """The batch in ``payload``; its block leaves are views on the (cached) mapped block."""
+        self._check_open()
+        self._decodes += 1
+        decoder = LeafDecoder(payload)
+        _, worker_pid, block_ref, retired, statistics = decoder.envelope()
+        incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
+        base = None
+        if block_ref is not None:
+            base = self._lease(incarnation, *block_ref)
+        return decoder.batch(base)
+
+    def discard(self, worker_id: int, payload: bytes) -> None:
+        """A payload that will not be delivered: hand its block back at once, without mapping it."""
+        self._check_open()
+        self._discards += 1
+        _, worker_pid, block_ref, retired, statistics = LeafDecoder(payload).envelope()
+        incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
+        if block_ref is not None:
+            block_id, generation = block_ref[0], block_ref[1]
+            self._route.release(incarnation, block_id, generation)
+
+    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
+        """The worker exited or died: drop its mappings, stop reporting releases for its blocks,
+        and unlink names it left behind. Views already handed out stay valid.
+
+        Call it before a replacement with the same ``worker_id`` sends results, and after the
+        dead worker's last received payload was decoded or discarded.
+        """
+        with self._route.lock:
+            incarnation = self._workers.get(worker_id)
+            if incarnation is not None and worker_pid in (None, incarnation.worker_pid):
+                del self._workers[worker_id]
+                incarnation.alive = False
+                incarnation.mappings.clear()
+        unlink_loader_names(self._loader_tag, worker_id, worker_pid)
+
+    def statistics(self) -> ChannelStatistics:
+        with self._route.lock:
+            workers = tuple(
+                PoolStatistics.from_tuple(self._reported[worker_id])
+                for worker_id in sorted(self._reported)
+            )
+            mappings = [
+                mapping
+                for incarnation in self._workers.values()
+                for mapping in incarnation.mappings.values()
+            ]
+            return ChannelStatistics(
+                workers=workers,
+                mapped_blocks=len(mappings),
+                mapped_bytes=sum(mapping.size for mapping in mappings),
+                live_batches=self._leases - self._route.released,
+                decodes=self._decodes,
+                discards=self._discards,
+                releases=self._route.released,
+            )
+
+    def close(self) -> None:
+        """Stop reporting releases, drop every mapping, and unlink any name of this loader.
+        Idempotent. Batches already delivered stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._route.lock:
+            self._route.open = False
+            for incarnation in self._workers.values():
+                incarnation.alive = False
+                incarnation.mappings.clear()
+            self._workers.clear()
+        unlink_loader_names(self._loader_tag)
+
+    def __enter__(self) -> MainChannel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- steps of decode ---------------------------------------------------------------------
+
+    def _note_envelope(
+        self, worker_id: int, worker_pid: int, retired: tuple[int, ...], statistics: tuple
+    ) -> _WorkerIncarnation:
+        """Find (or start) the worker's incarnation, record its stats, unmap retired blocks."""
+        incarnation = self._workers.get(worker_id)
+        if incarnation is None or incarnation.worker_pid != worker_pid:
+            if incarnation is not None:  # replaced without forget_worker: same effect
+                incarnation.alive = False
+            incarnation = self._workers[worker_id] = _WorkerIncarnation(worker_id, worker_pid)
+        for block_id in retired:
+            incarnation.mappings.pop(block_id, None)
+        self._reported[worker_id] = statistics
+        return incarnation
+
+    def _lease(
+        self,
+        incarnation: _WorkerIncarnation,
+        block_id: int,
+        generation: int,
+        block_size: int,
+        used_bytes: int,
+    ) -> np.ndarray:
+        """The ``uint8`` base array of this batch's views, released when its last view dies."""
+        mapping = incarnation.mappings.get(block_id)
+        if mapping is None or mapping.size != block_size:
+            name = block_name(
+                self._loader_tag,
+                incarnation.worker_id,
+                incarnation.worker_pid,
+                block_id & _SEQUENCE_MASK,
+            )
+            mapping = open_block(name, block_size)
+            unlink_quietly(name)  # both sides hold it now; nothing can leak past our mapping
+            incarnation.mappings[block_id] = mapping
+        lease = _Lease(mapping, used_bytes)
+        finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
+        finalizer.atexit = False
+        self._leases += 1
+        return np.asarray(lease)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("MainChannel is closed")

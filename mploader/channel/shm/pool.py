@@ -1,0 +1,271 @@
+"""A worker's pool of shared-memory blocks: size classes, free list, byte budget, waiting.
+
+Each batch with array leaves above the inline threshold gets one block, which stays "in use"
+until the main process reports that the last view of that batch is gone. Blocks are created on
+demand, rounded up to a size class so batches of similar size reuse each other's blocks, and never
+exceed the worker's share of the budget: over budget the pool first reuses any free block big
+enough, then evicts free blocks of other size classes, and otherwise waits for a release
+(backpressure) instead of growing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from mploader.channel.protocol import WaitForRelease
+from mploader.channel.shm import block as shm_block
+from mploader.channel.shm.errors import BatchTooLargeError, SharedMemoryFullError
+from mploader.channel.shm.names import block_name, unlink_quietly
+
+_PAGE = 4096
+
+# One wait_for_release call blocks at most this long before the pool looks again.
+_WAIT_SLICE_SECONDS = 0.25
+
+# Over budget, a worker waits this long for the consumer to drop a batch (backpressure); past it,
+# the consumer is taken to be *keeping* batches (appending them to a list), and the worker spills:
+# it creates a block beyond the budget rather than wait forever.  Spilled memory goes back as soon
+# as batches are dropped (a released block is evicted while the pool is over budget).  Two
+# seconds is longer than a normal training step's hold on one batch, and short enough that a
+# consumer keeping every batch sees a slower loader, not a hung one.
+SPILL_AFTER_SECONDS = 2.0
+
+# A free block up to this many times the size class a batch needs is reused rather than creating
+# a new block while under budget; larger ones would waste memory for the batch's lifetime.
+_REUSE_OVERSIZE_FACTOR = 2
+
+# If wait_for_release returns empty handed well before its timeout (a closed pipe, say), sleep
+# for this long before asking again, so a broken callback cannot make us spin.
+_EMPTY_WAIT_SLEEP_SECONDS = 0.01
+
+
+def size_class(nbytes: int, min_block_bytes: int) -> int:
+    """Round ``nbytes`` up to a size class: ``min_block_bytes`` or 1.25, 1.5, 1.75, 2 x 2**k.
+
+    Quarter-octave classes waste at most 25% of a block (a 602 MB batch gets a 640 MiB block),
+    while batches whose size varies a little still share a class.
+    """
+    if nbytes <= min_block_bytes:
+        return min_block_bytes
+    power = (nbytes - 1).bit_length() - 1  # 2**power < nbytes <= 2**(power + 1)
+    step = 1 << (power - 2)
+    return -(-nbytes // step) * step
+
+
+@dataclass(eq=False)
+class Block:
+    """One block of the pool, with the bookkeeping the pool needs about it."""
+
+    block_id: int
+    name: str
+    size: int
+    mapping: shm_block.Mapping
+    array: np.ndarray  # uint8 over the whole block, for writing
+    generation: int = 0
+    in_use: bool = False
+    last_used: int = 0
+
+
+class BlockPool:
+    """The blocks of one worker process, bounded by ``budget_bytes``."""
+
+    def __init__(
+        self,
+        loader_tag: str,
+        worker_id: int,
+        num_workers: int,
+        budget_bytes: int,
+        min_block_bytes: int,
+    ) -> None:
+        self.worker_id = worker_id
+        self.worker_pid = os.getpid()
+        self.budget_bytes = budget_bytes
+        self._loader_tag = loader_tag
+        self._num_workers = num_workers
+        self._min_block_bytes = min_block_bytes
+        self._blocks: dict[int, Block] = {}
+        self._sequence = itertools.count()
+        self._clock = itertools.count(1)
+        self._retired: list[int] = []
+        self._warned_spill = False
+        self._spilling = False  # spilled, and the consumer has dropped nothing since
+        self.spills = 0
+        self.bytes = 0
+        self.reuse_hits = 0
+        self.reuse_misses = 0
+        self.evictions = 0
+        self.waits = 0
+        self.wait_seconds = 0.0
+        self.stale_releases = 0
+
+    # -- the two operations the channel needs ----------------------------------------------
+
+    def acquire(self, nbytes: int, wait_for_release: WaitForRelease) -> Block:
+        """A block of at least ``nbytes``, marked in use with a new generation.
+
+        Blocks (through ``wait_for_release``) while the budget is exhausted and no free block fits.
+        """
+        wait_started: float | None = None
+        while True:
+            block = self._find_free_block(nbytes)
+            if block is None and (self._spilling or (
+                wait_started is not None
+                and time.monotonic() - wait_started >= SPILL_AFTER_SECONDS
+            )):
+                block = self._spill(nbytes, time.monotonic() - (wait_started or time.monotonic()))
+            if block is None:
+                wait_started = self._wait(wait_for_release, wait_started)
+                continue
+            if wait_started is not None:
+                self.wait_seconds += time.monotonic() - wait_started
+            block.generation += 1
+            block.in_use = True
+            return block
+
+    def release(self, block_id: int, generation: int) -> None:
+        """The main process holds no view of ``block_id`` any more; it may be reused.
+
+        A release whose generation does not match the block's current use (a duplicate, or one
+        meant for a block already evicted) is counted and ignored.
+        """
+        block = self._blocks.get(block_id)
+        if block is None or not block.in_use or block.generation != generation:
+            self.stale_releases += 1
+            return
+        block.in_use = False
+        block.last_used = next(self._clock)
+        self._spilling = False
+        if self.bytes > self.budget_bytes:  # spilled earlier: give the excess back now
+            self._evict_until(self.budget_bytes)
+
+    def take_retired(self) -> tuple[int, ...]:
+        """Block ids evicted since the last call, for the main process to unmap."""
+        retired = tuple(self._retired)
+        self._retired.clear()
+        return retired
+
+    def close(self) -> None:
+        """Unlink every name this pool still has (the main process may have done it) and unmap."""
+        for block in self._blocks.values():
+            unlink_quietly(block.name)
+        self._blocks.clear()
+        self.bytes = 0
+
+    @property
+    def blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def blocks_in_use(self) -> int:
+        return sum(block.in_use for block in self._blocks.values())
+
+    # -- the steps of acquire ---------------------------------------------------------------
+
+    def _size_for(self, nbytes: int) -> int:
+        size = size_class(nbytes, self._min_block_bytes)
+        if size > self.budget_bytes:
+            size = -(-nbytes // _PAGE) * _PAGE  # no rounding to a class: fit the budget exactly
+        if size > self.budget_bytes:
+            raise BatchTooLargeError(nbytes, self.budget_bytes, self._num_workers)
+        return size
+
+    def _find_free_block(self, nbytes: int) -> Block | None:
+        """Reuse a close fit, else create under budget, else reuse any fit, else evict, create."""
+        size = self._size_for(nbytes)
+        block = self._best_free_fit(nbytes, size * _REUSE_OVERSIZE_FACTOR)
+        if block is not None:
+            self.reuse_hits += 1
+            return block
+        if self.bytes + size <= self.budget_bytes:
+            return self._create(size)
+        block = self._best_free_fit(nbytes, None)
+        if block is not None:
+            self.reuse_hits += 1
+            return block
+        free_bytes = sum(block.size for block in self._blocks.values() if not block.in_use)
+        if self.bytes - free_bytes + size <= self.budget_bytes:
+            self._evict_until(self.budget_bytes - size)
+            return self._create(size)
+        return None
+
+    def _best_free_fit(self, nbytes: int, largest: int | None) -> Block | None:
+        best: Block | None = None
+        for block in self._blocks.values():
+            if block.in_use or block.size < nbytes:
+                continue
+            if largest is not None and block.size > largest:
+                continue
+            if best is None or block.size < best.size:
+                best = block
+        return best
+
+    def _create(self, size: int) -> Block:
+        sequence = next(self._sequence)
+        name = block_name(self._loader_tag, self.worker_id, self.worker_pid, sequence)
+        try:
+            mapping = shm_block.create_block(name, size)
+        except SharedMemoryFullError:
+            if not any(not block.in_use for block in self._blocks.values()):
+                raise
+            # Our own free blocks may be what fills /dev/shm: give them back and try once more.
+            self._evict_until(0)
+            mapping = shm_block.create_block(name, size)
+        block = Block((self.worker_pid << 32) | sequence, name, size, mapping, mapping.array())
+        self._blocks[block.block_id] = block
+        self.bytes += size
+        self.reuse_misses += 1
+        return block
+
+    def _evict_until(self, target_bytes: int) -> None:
+        """Remove free blocks, least recently used first, until at most ``target_bytes`` remain."""
+        free = sorted(
+            (block for block in self._blocks.values() if not block.in_use),
+            key=lambda block: block.last_used,
+        )
+        for block in free:
+            if self.bytes <= target_bytes:
+                break
+            del self._blocks[block.block_id]
+            unlink_quietly(block.name)
+            self.bytes -= block.size
+            self.evictions += 1
+            self._retired.append(block.block_id)
+
+    def _wait(self, wait_for_release: WaitForRelease, wait_started: float | None) -> float:
+        """Block for releases once; returns when the wait (all rounds of it) started."""
+        now = time.monotonic()
+        if wait_started is None:
+            wait_started = now
+            self.waits += 1
+        released = list(wait_for_release(_WAIT_SLICE_SECONDS))
+        for block_id, generation in released:
+            self.release(block_id, generation)
+        after = time.monotonic()
+        if not released and after - now < _WAIT_SLICE_SECONDS / 2:
+            time.sleep(_EMPTY_WAIT_SLEEP_SECONDS)
+        return wait_started
+
+    def _spill(self, nbytes: int, waited: float) -> Block:
+        """A block beyond the budget, because the consumer keeps batches (see SPILL_AFTER)."""
+        self.spills += 1
+        self._spilling = True
+        if not self._warned_spill:
+            self._warned_spill = True
+            warnings.warn(
+                f"mploader worker {self.worker_id} (pid {self.worker_pid}) waited "
+                f"{waited:.1f} s for a free shared-memory block: all {self.bytes} bytes of its "
+                f"budget ({self.budget_bytes} bytes) are held by batches the main process still "
+                "references, so it is going over budget instead of waiting. The extra memory "
+                "is given back as those batches are dropped. Drop batches you no longer need "
+                "(or copy what you keep: batch.clone()), or raise "
+                "SharedMemoryConfig(budget_bytes=...).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self._create(self._size_for(nbytes))

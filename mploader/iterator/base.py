@@ -1,0 +1,108 @@
+"""What every mploader iterator shares: the sampler, the base seed, torch's length warning."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from mploader.iterator.settings import LoaderSettings
+from mploader.worker.info import draw_base_seed
+
+
+class BaseIterator:
+    def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        self._loader_settings = settings
+        self._dataset = settings.dataset
+        self._is_iterable = settings.is_iterable
+        self._auto_collation = settings.auto_collation
+        self._drop_last = settings.drop_last
+        self._index_sampler = settings.index_sampler
+        self._num_workers = settings.num_workers
+        self._timeout = settings.timeout
+        self._collate_fn = settings.collate_fn
+        self._persistent_workers = settings.persistent_workers
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._pin_memory, self._pin_memory_device = _resolve_pin_memory(settings)
+        # The same two draws in the same order as torch: the sampler iterator is made first (a
+        # generator: nothing drawn yet), then one int64 from ``generator`` for the base seed.
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = draw_base_seed(settings.generator)
+        self._num_yielded = 0
+
+    def __iter__(self) -> BaseIterator:
+        return self
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._sampler_iter = iter(self._index_sampler)
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+
+    def _next_index(self) -> Any:
+        return next(self._sampler_iter)
+
+    def _next_data(self) -> Any:
+        raise NotImplementedError
+
+    def __next__(self) -> Any:
+        data = self._next_data()
+        self._num_yielded += 1
+        if (
+            self._is_iterable
+            and self._IterableDataset_len_called is not None
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
+            message = (
+                f"Length of IterableDataset {self._dataset} was reported to be "
+                f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
+                f"{self._num_yielded} samples have been fetched. "
+            )
+            if self._num_workers > 0:
+                message += (
+                    "For multiprocessing data-loading, this could be caused by not properly "
+                    "configuring the IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                    "for examples."
+                )
+            warnings.warn(message, stacklevel=2)
+        return data
+
+    def __len__(self) -> int:
+        return len(self._index_sampler)
+
+    def __getstate__(self) -> Any:
+        raise NotImplementedError("{} cannot be pickled", self.__class__.__name__)
+
+
+def _resolve_pin_memory(settings: LoaderSettings) -> tuple[bool, str | None]:
+    """torch's rules and warnings, word for word: no accelerator means no pinning."""
+    if settings.pin_memory and settings.pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{settings.pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if settings.pin_memory and not torch.accelerator.is_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=3,
+        )
+    pin = settings.pin_memory and torch.accelerator.is_available()
+    accelerator = torch.accelerator.current_accelerator() if pin else None
+    device = accelerator.type if accelerator is not None else None
+    if device == "mps":
+        warnings.warn(
+            "'pin_memory' argument is set as true but not supported on MPS now, "
+            "device pinned memory won't be used.",
+            stacklevel=3,
+        )
+        return False, None
+    return pin, device
+
+
+def pin_batch(batch: Any, device: str | None) -> Any:
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch, device)

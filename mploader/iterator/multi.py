@@ -1,0 +1,362 @@
+"""The multi-process iterator.
+
+    main process                                         worker k
+    ------------                                         --------
+    sampler -> Task(epoch, task_id, indices) --task pipe k--> fetch -> collate -> encode
+    task table: task_id -> worker, state     <--result pipe k-- TaskDone(task_id, payload | error)
+    one poll(2) over result pipes + sentinels                   IterableExhausted(task_id)
+    in order: deliver task_id == next; else as they arrive
+    decode payload -> batch (views on shared memory)
+    a view's last reference dies -> Release(block) --task pipe k--> block back to k's pool
+
+    (iterator/multi.py, iterator/task_table.py  |  process/group.py, process/pipes.py  |
+     worker/loop.py, worker/messages.py  |  channel/: encode in the worker, decode here)
+
+``prefetch_factor * num_workers`` tasks are in flight (dispatched and not yet delivered); each
+delivered batch dispatches one more, exactly when torch does, so that the same sampler, generator
+and settings give the same batches in the same order.  ``__next__`` reads as the steps it takes:
+deliver what is ready, else end the epoch if nothing can come, else wait and handle what arrives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from mploader.channel import MainEnd, open_main_end
+from mploader.channel.shm.names import new_loader_tag
+from mploader.errors import PoisonTaskError, add_note
+from mploader.iterator.base import BaseIterator, pin_batch
+from mploader.iterator.settings import LoaderSettings
+from mploader.iterator.task_table import TaskEntry, TaskTable
+from mploader.monitor.events import WorkerEvent
+from mploader.monitor.monitor import IteratorMonitor
+from mploader.monitor.stats import LoaderStats
+from mploader.process.death import worker_died_error
+from mploader.process.group import Event, WorkerGroup
+from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
+from mploader.worker.spec import WorkerSpec
+
+
+class MultiProcessIterator(BaseIterator):
+    def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        super().__init__(loader, settings)
+        if settings.prefetch_factor <= 0:  # torch's constructor lets 0 through; its iterator not
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
+        self._prefetch_factor = settings.prefetch_factor
+        self._in_order = settings.in_order
+        self._table = TaskTable(settings.in_order)
+        self._tag = new_loader_tag()
+        self._worker_cycle = itertools.cycle(range(self._num_workers))
+        self._shutdown = False
+        self._urgency = [False]  # shared with the finalizer: stop without waiting for tasks
+        self._pinning: ThreadPoolExecutor | None = None
+        if settings.shared_memory is not None:
+            from mploader.channel.shm import sweep_orphans
+
+            sweep_orphans()
+        context = _resolve_context(settings.multiprocessing_context)
+        self._restarts_left = settings.max_worker_restarts
+        self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
+        self._group = WorkerGroup(self._spec_template(), context, self._num_workers)
+        self._monitor = IteratorMonitor(self._num_workers, settings.trace)
+        self._channel = open_main_end(
+            settings.shared_memory, self._tag, self._group.queue_release
+        )
+        if self._pin_memory:
+            self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
+        self._finalizer = weakref.finalize(
+            self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
+            self._monitor,
+        )
+        self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
+        self._group.start()  # ...for workers that start on them as soon as they exist
+        self._monitor.workers_started(self._group.worker_pids())
+
+    def _spec_template(self) -> WorkerSpec:
+        """The spec every worker shares; the group fills in the worker id and the epoch."""
+        settings = self._loader_settings
+        return WorkerSpec(
+            worker_id=-1,
+            num_workers=self._num_workers,
+            dataset=self._dataset,
+            is_iterable=self._is_iterable,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            uses_default_collate=settings.uses_default_collate,
+            drop_last=self._drop_last,
+            base_seed=self._base_seed,
+            worker_init_fn=settings.worker_init_fn,
+            hooks=settings.worker_hooks,
+            shared_memory=settings.shared_memory,
+            loader_tag=self._tag,
+            parent_pid=os.getpid(),
+            epoch=0,
+        )
+
+    # -- what code that reaches in expects (Lightning, tests) ------------------------------------
+
+    @property
+    def _workers(self) -> list[Any]:
+        return self._group.processes
+
+    def _shutdown_workers(self) -> None:
+        self._shutdown = True
+        self._finalizer()
+
+    # -- epochs ----------------------------------------------------------------------------------
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        if not first_iter:
+            for entry in self._table.reset():
+                self._discard_entry(entry)
+            self._group.start_epoch()
+        self._worker_cycle = itertools.cycle(range(self._num_workers))
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._dispatch_one()
+
+    def _dispatch_one(self) -> None:
+        """torch's ``_try_put_index``: draw the next indices and give them to a worker."""
+        started = time.monotonic()
+        try:
+            indices = self._next_index()
+        except StopIteration:
+            return
+        worker_id = self._choose_worker()
+        if worker_id is None:
+            return
+        # Blocks the consumer has let go of must reach the worker before its next task, or it
+        # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
+        self._group.flush_releases()
+        task_id = self._table.add(worker_id, indices)
+        self._group.send_task(worker_id, Task(self._group.epoch, task_id, indices))
+        self._monitor.dispatched(task_id, started, self._group.epoch)
+
+    def _choose_worker(self) -> int | None:
+        active = [w for w in range(self._num_workers) if not self._exhausted(w)]
+        if not active:
+            return None
+        if self._in_order:  # round robin over active workers: batch i from worker i % n
+            for _ in range(self._num_workers):
+                worker_id = next(self._worker_cycle)
+                if not self._exhausted(worker_id):
+                    return worker_id
+            return None
+        return min(active, key=self._table.pending_count)
+
+    def _exhausted(self, worker_id: int) -> bool:
+        return self._group.handles[worker_id].exhausted
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _next_data(self) -> Any:
+        if self._shutdown:
+            raise StopIteration
+        self._monitor.next_called()
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            raise
+        except _TaskError as failed:  # the dataset's error: this batch fails, the epoch goes on
+            raise failed.error from failed.error.__cause__
+        except BaseException:  # timeout, dead worker, KeyboardInterrupt, a bug: stop first
+            self._urgency[0] = True
+            self._shutdown_workers()
+            raise
+        self._monitor.next_returned()
+        return batch
+
+    def _next_batch(self) -> Any:
+        deadline = self._new_deadline()
+        while True:
+            entry = self._table.pop_ready()
+            if entry is not None:
+                return self._deliver(entry)
+            if self._table.pending_count() == 0:
+                self._end_epoch()
+            events = self._group.wait(self._remaining(deadline))
+            if not events and deadline is not None and time.monotonic() >= deadline:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            if events:
+                deadline = self._new_deadline()
+            for event in events:
+                self._handle(event)
+            self._monitor.maybe_sample_memory()
+
+    def _new_deadline(self) -> float | None:
+        return time.monotonic() + self._timeout if self._timeout > 0 else None
+
+    @staticmethod
+    def _remaining(deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _end_epoch(self) -> None:
+        # Persistent workers live on: write the trace now.  Otherwise shutdown writes it next.
+        self._monitor.epoch_ended(write_trace=self._persistent_workers)
+        if not self._persistent_workers:
+            self._shutdown_workers()
+        raise StopIteration
+
+    def _handle(self, event: Event) -> None:
+        if event.ended:
+            self._on_worker_end(event.worker_id)
+            return
+        message = event.message
+        if isinstance(message, WorkerReady):
+            self._monitor.worker_event(WorkerEvent.READY, message.worker_id, message.pid,
+                                       init_failed=message.init_failed)
+        elif isinstance(message, TaskDone):
+            self._on_task_done(message, event.payload)
+        elif isinstance(message, IterableExhausted) and message.epoch == self._group.epoch:
+            self._on_exhausted(message)
+
+    def _on_task_done(self, message: TaskDone, payload: bytes | None) -> None:
+        result = _Arrived(message, payload)
+        epoch = self._group.epoch
+        if message.epoch != epoch or not self._table.arrive(message.task_id, result):
+            self._discard(message.worker_id, payload)
+            return
+        self._monitor.arrived(message.task_id, message.worker_id, message.timings, epoch)
+        if self._pinning is not None and message.error is None and payload is not None:
+            result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
+
+    def _on_exhausted(self, message: IterableExhausted) -> None:
+        for entry in self._table.pending_of(message.worker_id):
+            self._table.skip(entry.task_id)  # the worker ignores the rest of its tasks
+        self._dispatch_one()
+
+    def _on_worker_end(self, worker_id: int) -> None:
+        handle = self._group.handles[worker_id]
+        self._channel.forget_worker(worker_id, handle.pid)
+        held = self._table.pending_of(worker_id)
+        if handle.exhausted and not held:
+            return  # its part of the epoch was over; nothing is lost
+        error = worker_died_error(
+            worker_id=worker_id,
+            pid=handle.pid,
+            exitcode=handle.process.exitcode,
+            held=[(entry.task_id, entry.indices) for entry in held],
+            oom_kills_before=self._group.oom_kills_at_start,
+            memory=self._monitor.last_memory(worker_id),
+        )
+        self._monitor.worker_event(WorkerEvent.CRASH, worker_id, handle.pid,
+                                   exitcode=handle.process.exitcode, cause=error.likely_cause)
+        if self._restarts_left <= 0:
+            if self._loader_settings.max_worker_restarts:
+                add_note(error, f"All {self._loader_settings.max_worker_restarts} worker "
+                               "restarts (max_worker_restarts) were used.")
+            raise error
+        self._restart(worker_id, held, error)
+
+    def _restart(self, worker_id: int, held: list[TaskEntry], death: Any) -> None:
+        """Replace the worker and give its tasks, in order, to the replacement."""
+        if held:  # the oldest held task is the one the worker was running when it died
+            culprit = held[0]
+            deaths = self._kills.setdefault(culprit.task_id, [])
+            deaths.append(f"pid {death.pid}: {death.signal_name or death.exitcode}")
+            if len(deaths) >= 2:
+                raise PoisonTaskError(culprit.task_id, culprit.indices, deaths, death)
+        self._restarts_left -= 1
+        handle = self._group.restart(worker_id)
+        self._monitor.worker_replaced(worker_id, handle.pid)
+        for entry in held:
+            self._group.send_task(worker_id, Task(self._group.epoch, entry.task_id,
+                                                  entry.indices))
+
+    def stats(self) -> LoaderStats:
+        """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``)."""
+        states, current = [], []
+        for handle in self._group.handles:
+            states.append(handle.state)
+            pending = self._table.pending_of(handle.worker_id)
+            current.append(
+                (pending[0].task_id,
+                 self._monitor.task_started_at(pending[0].task_id, handle.worker_id))
+                if pending else None
+            )
+        return self._monitor.snapshot(states, current, self._table.in_flight,
+                                      self._channel.statistics())
+
+    def _deliver(self, entry: TaskEntry) -> Any:
+        arrived: _Arrived = entry.result
+        self._monitor.delivered(entry.task_id, self._group.epoch)
+        self._dispatch_one()  # refill before returning, as torch does
+        message = arrived.message
+        if message.error is not None:
+            raise _TaskError(message.error.rebuild())
+        if arrived.pinned is not None:
+            return arrived.pinned.result()
+        assert arrived.payload is not None  # a result without an error carries its batch
+        return self._channel.decode(message.worker_id, arrived.payload)
+
+    def _decode_and_pin(self, worker_id: int, payload: bytes) -> Any:
+        return pin_batch(self._channel.decode(worker_id, payload), self._pin_memory_device)
+
+    def _discard_entry(self, entry: TaskEntry) -> None:
+        if isinstance(entry.result, _Arrived):
+            self._discard(entry.result.message.worker_id, entry.result.payload)
+
+    def _discard(self, worker_id: int, payload: bytes | None) -> None:
+        if payload is not None:
+            self._channel.discard(worker_id, payload)
+
+
+class _TaskError(Exception):
+    """A worker's exception on its way out of ``__next__``; the iterator stays usable."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Arrived:
+    __slots__ = ("message", "payload", "pinned")
+
+    def __init__(self, message: TaskDone, payload: bytes | None) -> None:
+        self.message = message
+        self.payload = payload
+        self.pinned: Future[Any] | None = None
+
+
+def _resolve_context(context: Any) -> Any:
+    """The loader's context (its setter already turned a start-method name into one), or the
+    default."""
+    return multiprocessing.get_context() if context is None else context
+
+
+def _shut_down(
+    group: WorkerGroup,
+    channel: MainEnd,
+    pinning: ThreadPoolExecutor | None,
+    urgency: list[bool],
+    monitor: IteratorMonitor,
+) -> None:
+    if os.getpid() != group.owner_pid:
+        return  # a forked child collecting its copy of the iterator: the workers are not its own
+
+    def discard(event: Event) -> None:
+        if isinstance(event.message, TaskDone) and event.payload is not None:
+            channel.discard(event.worker_id, event.payload)
+
+    try:
+        group.shutdown(discard, urgent=urgency[0])
+    finally:
+        for handle in group.handles:
+            channel.forget_worker(handle.worker_id, handle.pid)
+        channel.close()
+        if pinning is not None:
+            pinning.shutdown(wait=False)
+        for handle in group.handles:
+            name = WorkerEvent.EXIT if handle.process.exitcode == 0 else WorkerEvent.CRASH
+            monitor.worker_event(name, handle.worker_id, handle.pid,
+                                 exitcode=handle.process.exitcode)
+        if monitor.tracer is not None:
+            monitor.tracer.flush()

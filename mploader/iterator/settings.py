@@ -1,0 +1,70 @@
+"""What an iterator reads from its loader, gathered once into one object.
+
+Built from an ``mploader.DataLoader`` or, after ``mploader.install()``, from any
+``torch.utils.data.DataLoader`` (subclasses included), which lacks mploader's extra arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+from torch.utils.data._utils import collate as torch_collate
+
+
+@dataclass
+class LoaderSettings:
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    index_sampler: Any
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    num_workers: int
+    prefetch_factor: int
+    persistent_workers: bool
+    in_order: bool
+    timeout: float
+    worker_init_fn: Callable[[int], None] | None
+    multiprocessing_context: Any
+    generator: torch.Generator | None
+    pin_memory: bool
+    pin_memory_device: str
+    worker_hooks: Any
+    shared_memory: Any  # resolved config or None
+    max_worker_restarts: int
+    trace: str | None
+
+    @property
+    def uses_default_collate(self) -> bool:
+        return self.collate_fn is torch_collate.default_collate
+
+
+def settings_of(loader: Any) -> LoaderSettings:
+    from mploader.config import resolve_shared_memory
+
+    return LoaderSettings(
+        dataset=loader.dataset,
+        is_iterable=isinstance(loader.dataset, IterableDataset),
+        auto_collation=loader._auto_collation,
+        index_sampler=loader._index_sampler,
+        collate_fn=loader.collate_fn,
+        drop_last=loader.drop_last,
+        num_workers=loader.num_workers,
+        prefetch_factor=2 if loader.prefetch_factor is None else loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        in_order=getattr(loader, "in_order", True),
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        pin_memory=loader.pin_memory,
+        pin_memory_device=loader.pin_memory_device,
+        worker_hooks=getattr(loader, "worker_hooks", None),
+        shared_memory=resolve_shared_memory(getattr(loader, "shared_memory", True)),
+        max_worker_restarts=getattr(loader, "max_worker_restarts", 0),
+        trace=getattr(loader, "trace", None),
+    )

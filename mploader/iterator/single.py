@@ -1,0 +1,56 @@
+"""``num_workers=0``: everything in the main process; the reference semantics.
+
+Worker hooks run here too (setup when iteration starts, the session closed and ``teardown`` run
+when it ends or the iterator is dropped), so a dataset that calls ``mploader.worker_session()``
+works unchanged with and without workers.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from mploader.iterator.base import BaseIterator, pin_batch
+from mploader.iterator.settings import LoaderSettings
+from mploader.worker.fetch import make_fetcher
+from mploader.worker.hooks import activate_hooks, deactivate_hooks
+from mploader.worker.info import make_worker_info
+
+
+class SingleProcessIterator(BaseIterator):
+    def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        super().__init__(loader, settings)
+        if self._timeout != 0:  # torch's wording: its single-process iterator refuses a timeout
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        self._hooks_active = False
+        if settings.worker_hooks is not None:
+            info = make_worker_info(0, 1, self._base_seed, self._dataset)
+            activate_hooks(settings.worker_hooks, info)
+            self._hooks_active = True
+            self._finalizer = weakref.finalize(self, _deactivate_hooks_in, os.getpid())
+        self._fetcher = make_fetcher(
+            self._dataset, self._is_iterable, self._auto_collation, self._drop_last
+        )
+
+    def _next_data(self) -> Any:
+        try:
+            indices = self._next_index()
+            data = self._collate_fn(self._fetcher.fetch(indices))
+        except StopIteration:
+            self._close_hooks()
+            raise
+        if self._pin_memory:
+            data = pin_batch(data, self._pin_memory_device)
+        return data
+
+    def _close_hooks(self) -> None:
+        if self._hooks_active:
+            self._hooks_active = False
+            self._finalizer()
+
+
+def _deactivate_hooks_in(pid: int) -> None:
+    """Close the session and run ``teardown`` only in the process that ran ``setup``."""
+    if os.getpid() == pid:
+        deactivate_hooks()

@@ -1,0 +1,7 @@
+"""Observability, a side service: counters, ``stats()`` snapshots, the trace and its summary.
+
+``events`` names worker states, lifecycle events and task timings for every layer; ``monitor``
+is told what happens by the iterator and keeps the counts; ``stats`` holds the frozen
+snapshots; ``trace`` writes the Chrome/Perfetto file; ``trace_summary`` reads one back.  Imports
+nothing from the other layers: they call it, it never calls them back.
+"""

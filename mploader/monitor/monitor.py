@@ -1,0 +1,229 @@
+"""Watching an iterator at work: counters for ``stats()``, the trace, the memory-growth guard.
+
+The iterator tells the monitor what happens (a task dispatched, a result arrived, a batch
+delivered, a worker started or ended); the monitor keeps the counts and, when tracing, the spans.
+With tracing off the cost is a few attribute updates per batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from mploader.monitor.events import TaskTimings, WorkerEvent, WorkerState
+from mploader.monitor.stats import LoaderStats, WorkerStats, process_memory
+from mploader.monitor.trace import Tracer
+
+_log = logging.getLogger("mploader")
+
+# The copy-on-write guard samples each worker's private memory (USS) this often while iterating;
+# reading /proc/<pid>/smaps_rollup costs about a millisecond.
+SAMPLE_INTERVAL_SECONDS = 2.0
+# Warn when a worker's USS has risen in each of the last RISING_SAMPLES samples and by more than
+# GROWTH_BYTES in all since its baseline (taken after BASELINE_TASKS tasks, once start-up
+# allocations are done).
+RISING_SAMPLES = 3
+GROWTH_BYTES = 64 << 20
+BASELINE_TASKS = 4
+
+
+@dataclass
+class WorkerCounters:
+    pid: int | None
+    started_at: float = field(default_factory=time.monotonic)
+    tasks_done: int = 0
+    busy_seconds: float = 0.0
+    last_result_at: float | None = None
+    last_memory: tuple[int | None, int | None, float] | None = None  # rss, uss, when
+    uss_baseline: int | None = None
+    uss_samples: list[int] = field(default_factory=list)
+    warned: bool = False
+
+
+class IteratorMonitor:
+    def __init__(self, num_workers: int, trace_path: str | None) -> None:
+        self.workers = [WorkerCounters(None) for _ in range(num_workers)]
+        self.tracer = Tracer(trace_path) if trace_path else None
+        self.batches_delivered = 0
+        self.wait_seconds = 0.0
+        self.consumer_seconds = 0.0
+        self.restarts = 0
+        self._next_called_at: float | None = None
+        self._last_returned_at: float | None = None
+        self._dispatched_at: dict[int, float] = {}
+        self._arrived_at: dict[int, float] = {}
+        self._last_sample_at = time.monotonic()
+
+    def workers_started(self, pids: list[int | None]) -> None:
+        now = time.monotonic()
+        for worker_id, pid in enumerate(pids):
+            self.workers[worker_id] = WorkerCounters(pid, started_at=now)
+            self.worker_event(WorkerEvent.START, worker_id, pid, now)
+
+    # -- the main loop's steps -------------------------------------------------------------------
+
+    def next_called(self) -> None:
+        now = time.monotonic()
+        self._next_called_at = now
+        if self._last_returned_at is not None:
+            self.consumer_seconds += now - self._last_returned_at
+            if self.tracer:
+                self.tracer.span("yield", self.tracer.main_pid, self._last_returned_at, now)
+
+    def next_returned(self) -> None:
+        now = time.monotonic()
+        if self._next_called_at is not None:
+            self.wait_seconds += now - self._next_called_at
+            if self.tracer:
+                self.tracer.span("wait for data", self.tracer.main_pid, self._next_called_at, now)
+        self._last_returned_at = now
+
+    def dispatched(self, task_id: int, started: float, epoch: int) -> None:
+        now = time.monotonic()
+        self._dispatched_at[task_id] = now
+        if self.tracer:
+            self.tracer.span("dispatch", self.tracer.main_pid, started, now, task=task_id,
+                             epoch=epoch)
+
+    def arrived(self, task_id: int, worker_id: int, timings: TaskTimings | None,
+                epoch: int) -> None:
+        now = time.monotonic()
+        counters = self.workers[worker_id]
+        counters.tasks_done += 1
+        counters.last_result_at = now
+        self._arrived_at[task_id] = now
+        if timings is None:  # the task failed before it was fetched
+            return
+        counters.busy_seconds += timings.encoded - timings.started
+        if self.tracer:
+            pid = counters.pid
+            self.tracer.span("fetch", pid, timings.started, timings.fetched, task=task_id,
+                             epoch=epoch)
+            self.tracer.span("collate", pid, timings.fetched, timings.encoded,
+                             task=task_id, epoch=epoch)
+            self.tracer.span("transfer", self.tracer.main_pid, timings.encoded, now,
+                             task=task_id, epoch=epoch, worker=worker_id)
+
+    def delivered(self, task_id: int, epoch: int) -> None:
+        now = time.monotonic()
+        self.batches_delivered += 1
+        self._dispatched_at.pop(task_id, None)
+        arrived = self._arrived_at.pop(task_id, None)
+        if self.tracer and arrived is not None:
+            self.tracer.span("reorder wait", self.tracer.main_pid, arrived, now, task=task_id,
+                             epoch=epoch)
+
+    def worker_event(self, name: WorkerEvent, worker_id: int, pid: int | None,
+                     at: float | None = None, **details: Any) -> None:
+        level = logging.WARNING if name.is_failure else logging.DEBUG
+        _log.log(level, "%s: worker %d (pid %s) %s", name, worker_id, pid,
+                 " ".join(f"{k}={v}" for k, v in details.items()))
+        if self.tracer:
+            self.tracer.name_worker(pid, worker_id)
+            self.tracer.instant(name, pid, at or time.monotonic(), worker=worker_id, **details)
+
+    def worker_replaced(self, worker_id: int, pid: int | None) -> None:
+        self.restarts += 1
+        self.workers[worker_id] = WorkerCounters(pid)
+        self.worker_event(WorkerEvent.RESTART, worker_id, pid)
+
+    def epoch_ended(self, write_trace: bool) -> None:
+        self._dispatched_at.clear()
+        self._arrived_at.clear()
+        if self.tracer and write_trace:
+            self.tracer.flush()
+
+    # -- the copy-on-write guard -----------------------------------------------------------------
+
+    def maybe_sample_memory(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sample_at < SAMPLE_INTERVAL_SECONDS:
+            return
+        self._last_sample_at = now
+        for worker_id, counters in enumerate(self.workers):
+            rss, uss, _, _ = process_memory(counters.pid)
+            if uss is None:
+                continue
+            counters.last_memory = (rss, uss, now)
+            if not counters.warned and counters.tasks_done >= BASELINE_TASKS:
+                self._check_growth(worker_id, counters, uss)
+
+    def last_memory(self, worker_id: int) -> str:
+        """The worker's last sampled memory, for the report of its death."""
+        sample = self.workers[worker_id].last_memory
+        if sample is None:
+            return ""
+        rss, uss, when = sample
+        return (f" Its last known memory ({time.monotonic() - when:.1f} s before): RSS "
+                f"{(rss or 0) / 2**20:.0f} MiB, USS {(uss or 0) / 2**20:.0f} MiB.")
+
+    def _check_growth(self, worker_id: int, counters: WorkerCounters, uss: int) -> None:
+        if counters.uss_baseline is None:
+            counters.uss_baseline = uss
+            return
+        counters.uss_samples = [*counters.uss_samples[-RISING_SAMPLES:], uss]
+        recent = [counters.uss_baseline, *counters.uss_samples][-(RISING_SAMPLES + 1):]
+        rising = len(recent) > RISING_SAMPLES and all(
+            b > a for a, b in itertools.pairwise(recent)
+        )
+        growth = uss - counters.uss_baseline
+        if not rising or growth < GROWTH_BYTES:
+            return
+        counters.warned = True
+        message = (
+            f"mploader: worker {worker_id} (pid {counters.pid}) keeps growing: its private "
+            f"memory (USS) rose by {growth / 2**20:.0f} MiB over {counters.tasks_done} tasks "
+            f"(from {counters.uss_baseline / 2**20:.0f} to {uss / 2**20:.0f} MiB). The usual "
+            "cause is copy-on-write: after fork, reading Python objects held by the dataset "
+            "(lists, dicts, strings) updates their reference counts, which copies every page "
+            "they live on into each worker. Remedies: keep such data in numpy arrays or tensors "
+            "(one object, no per-item refcounts), or pyarrow/memory-mapped files; load it "
+            "lazily inside each worker (a mploader.ProcessLocal); or call gc.freeze() in the "
+            "main process before creating the loader."
+        )
+        _log.warning(message)
+        warnings.warn(message, ResourceWarning, stacklevel=4)
+
+    # -- the snapshot ----------------------------------------------------------------------------
+
+    def snapshot(self, states: list[WorkerState], current: list[tuple[int, float] | None],
+                 tasks_in_flight: int, channel: Any) -> LoaderStats:
+        now = time.monotonic()
+        workers = []
+        for worker_id, counters in enumerate(self.workers):
+            rss, uss, cpu, _ = process_memory(counters.pid)
+            if uss is not None:
+                counters.last_memory = (rss, uss, now)
+            wall = now - counters.started_at
+            task = current[worker_id]
+            workers.append(WorkerStats(
+                worker_id=worker_id,
+                pid=counters.pid,
+                state=states[worker_id],
+                tasks_done=counters.tasks_done,
+                current_task=task[0] if task else None,
+                current_task_seconds=now - task[1] if task else 0.0,
+                busy_seconds=counters.busy_seconds,
+                rss_bytes=rss,
+                uss_bytes=uss,
+                cpu_share=cpu / wall if cpu is not None and wall > 0 else None,
+            ))
+        return LoaderStats(
+            workers=tuple(workers),
+            tasks_in_flight=tasks_in_flight,
+            batches_delivered=self.batches_delivered,
+            wait_seconds=self.wait_seconds,
+            consumer_seconds=self.consumer_seconds,
+            restarts=self.restarts,
+            channel=channel,
+        )
+
+    def task_started_at(self, task_id: int, worker_id: int) -> float:
+        """When ``worker_id`` began its oldest pending task (``task_id``)."""
+        dispatched = self._dispatched_at.get(task_id, time.monotonic())
+        last = self.workers[worker_id].last_result_at
+        return max(dispatched, last) if last is not None else dispatched

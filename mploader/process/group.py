@@ -1,0 +1,370 @@
+"""The worker processes of one iterator: start, talk, watch, stop.
+
+This object holds everything that must be cleaned up, and nothing that refers back to the
+iterator, so a ``weakref.finalize`` on the iterator can shut it down when the iterator is
+garbage-collected or the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from mploader.monitor.events import WorkerState
+from mploader.process import inherited_fds, sigchld, zygote
+from mploader.process.pipes import TaskWriter, Waiter, make_pipe
+from mploader.worker.loop import worker_main
+from mploader.worker.messages import (
+    IterableExhausted,
+    Release,
+    Resume,
+    Stop,
+    Task,
+    TaskDone,
+    WorkerReady,
+)
+from mploader.worker.spec import WorkerSpec
+
+_log = logging.getLogger("mploader")
+
+# One deadline for all workers to exit after being asked, then stragglers get SIGTERM, then,
+# after TERMINATE_GRACE_SECONDS more, SIGKILL.  Workers finish their current task before exiting,
+# so the deadline bounds how long a slow __getitem__ can delay shutdown.
+SHUTDOWN_DEADLINE_SECONDS = 5.0
+TERMINATE_GRACE_SECONDS = 1.0
+# After a fatal error or Ctrl-C nobody wants the current tasks' results: a worker stuck in one
+# (the usual cause of a timeout) is not waited for long.
+URGENT_DEADLINE_SECONDS = 0.5
+# A worker's sentinel fires when it ends; its exit status is normally there within microseconds.
+REAP_SECONDS = 2.0
+
+
+
+@dataclass
+class WorkerHandle:
+    worker_id: int
+    process: Any
+    writer: TaskWriter
+    reader: Connection
+    sentinel: int
+    state: WorkerState = WorkerState.STARTING
+    tasks_held: int = 0  # tasks sent and not yet answered
+    exhausted: bool = False  # its iterable dataset ran out in the current epoch
+    pid: int | None = None
+    reader_open: bool = True
+    ended: bool = False  # the process is gone and has been reaped
+
+
+@dataclass
+class Event:
+    """One thing that happened: a message from a worker, or a worker's end."""
+
+    worker_id: int
+    message: Any = None
+    payload: bytes | None = None
+    ended: bool = False
+
+
+class WorkerGroup:
+    def __init__(self, template: WorkerSpec, context: Any, num_workers: int) -> None:
+        self.context = context
+        self.waiter = Waiter()
+        self.handles: list[WorkerHandle] = []
+        self.closed = False
+        self._releases: deque[tuple[int, int, int]] = deque()
+        self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
+        self._lock = threading.Lock()
+        self.oom_kills_at_start: int | None = None
+        self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
+        self.template = template
+        self.epoch = template.epoch  # the one count of epochs; a restarted worker starts there
+        self._prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
+        self.handles = [handle for handle, _ in self._prepared]
+        sigchld.register(self)
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the prepared workers.  Tasks may already wait in their pipes: under fork, the
+        first worker works on its first batch while the others are still being forked."""
+        from mploader.process.death import oom_kill_count
+
+        self.oom_kills_at_start = oom_kill_count()
+        prepared, self._prepared = self._prepared, []
+        if self.forking:  # fork is fast, and forking from several threads is unsafe
+            for handle, ends in prepared:
+                self._launch(handle, ends)
+        else:  # spawn and forkserver start an interpreter each: start them together
+            with ThreadPoolExecutor(max_workers=min(len(prepared), 16)) as pool:
+                list(pool.map(lambda item: self._launch(*item), prepared))
+        for handle in self.handles:
+            self._watch(handle)
+
+    @property
+    def forking(self) -> bool:
+        return bool(self.context.get_start_method() == "fork")
+
+    def _prepare(self, worker_id: int) -> tuple[WorkerHandle, tuple[Connection, Connection]]:
+        """Pipes, spec and an unstarted process for ``worker_id``."""
+        task_reader, task_writer = make_pipe()
+        result_reader, result_writer = make_pipe()
+        spec = dataclasses.replace(
+            self.template,
+            worker_id=worker_id,
+            epoch=self.epoch,
+            inherited_fds_to_close=inherited_fds.main_side_fds() if self.forking else (),
+        )
+        name = f"mploader-worker-{worker_id}"
+        process: Any
+        if not self.forking and zygote.enabled():
+            process = zygote.ZygoteProcess(
+                zygote.zygote_for(self.context), name, spec, task_reader, result_writer
+            )
+        else:
+            process = self.context.Process(
+                target=worker_main, args=(spec, task_reader, result_writer), name=name,
+                daemon=True,
+            )
+        handle = WorkerHandle(worker_id, process, TaskWriter(task_writer), result_reader, -1)
+        inherited_fds.add_main_side_fds(handle.writer.fd, result_reader.fileno())
+        return handle, (task_reader, result_writer)
+
+    def _watch(self, handle: WorkerHandle) -> None:
+        handle.pid = handle.process.pid
+        handle.sentinel = handle.process.sentinel
+        self._by_fd[handle.reader.fileno()] = ("result", handle)
+        self._by_fd[handle.sentinel] = ("sentinel", handle)
+        self._by_fd[handle.writer.fd] = ("task", handle)
+        self.waiter.watch_readable(handle.reader.fileno())
+        self.waiter.watch_readable(handle.sentinel)
+        _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
+
+    def restart(self, worker_id: int) -> WorkerHandle:
+        """Replace a dead worker by a new process with the same id (and seed)."""
+        old = self.handles[worker_id]
+        self._forget(old)
+        handle, ends = self._prepare(worker_id)
+        self.handles[worker_id] = handle
+        self._launch(handle, ends)
+        self._watch(handle)
+        _log.info("restarted worker %d: pid %s replaces pid %s", worker_id, handle.pid, old.pid)
+        return handle
+
+    def _forget(self, handle: WorkerHandle) -> None:
+        self._close_reader(handle)
+        for fd in (handle.reader.fileno() if handle.reader_open else -1, handle.sentinel,
+                   handle.writer.fd):
+            self._by_fd.pop(fd, None)
+            self.waiter.unwatch(fd)
+        inherited_fds.remove_main_side_fds(handle.writer.fd)
+        handle.writer.close()
+
+    @staticmethod
+    def _launch(handle: WorkerHandle, worker_ends: tuple[Connection, Connection]) -> None:
+        try:
+            handle.process.start()
+        finally:  # the worker holds its own copies now (or never will)
+            for end in worker_ends:
+                end.close()
+
+    @property
+    def processes(self) -> list[Any]:
+        return [handle.process for handle in self.handles]
+
+    # -- talking ---------------------------------------------------------------------------------
+
+    def send_task(self, worker_id: int, task: Task) -> None:
+        handle = self.handles[worker_id]
+        self.send(worker_id, task)
+        handle.tasks_held += 1
+        handle.state = WorkerState.BUSY
+
+    def start_epoch(self) -> int:
+        """Move every worker on to the next epoch (``Resume``); returns the new epoch."""
+        self.epoch += 1
+        for handle in self.handles:
+            handle.exhausted = False
+            self.send(handle.worker_id, Resume(self.epoch))
+        return self.epoch
+
+    def send(self, worker_id: int, message: Any) -> None:
+        handle = self.handles[worker_id]
+        handle.writer.send(message)
+        self.waiter.watch_writable(handle.writer.fd, handle.writer.has_pending)
+
+    def queue_release(self, worker_id: int, block_id: int, generation: int) -> None:
+        """Called by the channel, possibly from a GC finalizer in any thread: never blocks."""
+        if self.closed or os.getpid() != self.owner_pid:
+            return
+        self._releases.append((worker_id, block_id, generation))
+        self.waiter.wake()
+
+    def flush_releases(self) -> None:
+        by_worker: dict[int, list[tuple[int, int]]] = {}
+        while self._releases:
+            worker_id, block_id, generation = self._releases.popleft()
+            by_worker.setdefault(worker_id, []).append((block_id, generation))
+        for worker_id, blocks in by_worker.items():
+            if not self.handles[worker_id].ended:
+                self.send(worker_id, Release(blocks))
+
+    def wait(self, timeout: float | None) -> list[Event]:
+        """Events from the workers, waiting up to ``timeout`` (None: until something happens)."""
+        self.flush_releases()
+        events: list[Event] = []
+        for fd, _mask in self.waiter.wait(timeout):
+            kind, handle = self._by_fd.get(fd, ("", None))
+            if handle is None:
+                continue
+            if kind == "task":
+                done = handle.writer.flush()
+                self.waiter.watch_writable(fd, not done)
+            elif kind == "result":
+                events.extend(self._read_messages(handle))
+            elif kind == "sentinel" and not handle.ended:
+                events.extend(self._read_messages(handle))  # what it sent before it ended
+                self._reap(handle)
+                events.append(Event(handle.worker_id, ended=True))
+        return events
+
+    def _read_messages(self, handle: WorkerHandle) -> list[Event]:
+        events = []
+        while handle.reader_open and handle.reader.poll(0):
+            try:
+                message = pickle.loads(handle.reader.recv_bytes())
+                payload = getattr(message, "payload", None)
+                if getattr(message, "payload_follows", False):
+                    payload = handle.reader.recv_bytes()
+            except (EOFError, OSError):
+                self._close_reader(handle)
+                break
+            self._note_state(handle, message)
+            events.append(Event(handle.worker_id, message, payload))
+        return events
+
+    def _note_state(self, handle: WorkerHandle, message: Any) -> None:
+        """A worker's state follows from what it said: ready, a task answered, exhausted."""
+        if isinstance(message, WorkerReady):
+            handle.state = WorkerState.BUSY if handle.tasks_held else WorkerState.READY
+        elif isinstance(message, TaskDone | IterableExhausted):
+            handle.tasks_held = max(0, handle.tasks_held - 1)
+            if isinstance(message, IterableExhausted) and message.epoch == self.epoch:
+                handle.exhausted = True
+                handle.tasks_held = 0  # it ignores the rest of this epoch's tasks: no answers
+            if handle.exhausted:
+                handle.state = WorkerState.EXHAUSTED
+            elif not handle.tasks_held:
+                handle.state = WorkerState.READY
+
+    def _close_reader(self, handle: WorkerHandle) -> None:
+        if handle.reader_open:
+            handle.reader_open = False
+            fd = handle.reader.fileno()
+            self.waiter.unwatch(fd)
+            self._by_fd.pop(fd, None)
+            inherited_fds.remove_main_side_fds(fd)
+            handle.reader.close()
+
+    def _reap(self, handle: WorkerHandle) -> None:
+        """Collect the exit status of a worker whose sentinel fired, without ever blocking.
+
+        (``Process.join(timeout)`` waits on the sentinel and then calls a *blocking* waitpid; if
+        the sentinel fired while the process still lives, that would hang forever.)
+        """
+        deadline = time.monotonic() + REAP_SECONDS
+        while handle.process.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if handle.process.is_alive():
+            _log.warning("worker %d (pid %s): its sentinel closed but it still runs; killing it",
+                         handle.worker_id, handle.pid)
+            handle.process.kill()
+            handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+        handle.ended = True
+        handle.state = WorkerState.EXITED if handle.process.exitcode == 0 else WorkerState.CRASHED
+        self.waiter.unwatch(handle.sentinel)
+        self.waiter.unwatch(handle.writer.fd)
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def shutdown(self, discard: Callable[[Event], None] | None = None,
+                 urgent: bool = False) -> None:
+        """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent."""
+        with self._lock:
+            if self.closed or os.getpid() != self.owner_pid:
+                return  # already done, or a copy inherited by a forked child: not ours to stop
+            self.closed = True
+        try:
+            for handle in self.handles:
+                if handle.pid is None:  # prepared, never started (a start failed or never came)
+                    handle.ended = True
+            for handle in self.handles:
+                if not handle.ended:
+                    handle.state = WorkerState.STOPPING
+                    handle.writer.send(Stop())
+                    handle.writer.flush()
+            deadline = URGENT_DEADLINE_SECONDS if urgent else SHUTDOWN_DEADLINE_SECONDS
+            self._wait_for_exits(deadline, discard)
+            for handle in self.handles:
+                if not handle.ended and handle.process.is_alive():
+                    _log.log(
+                        logging.DEBUG if urgent else logging.WARNING,
+                        "worker %d (pid %s) did not exit within %.1f s; terminating it",
+                        handle.worker_id, handle.pid, deadline,
+                    )
+                    handle.process.terminate()
+            self._wait_for_exits(TERMINATE_GRACE_SECONDS, discard)
+            for handle in self.handles:
+                if not handle.ended and handle.process.is_alive():
+                    handle.process.kill()
+                    handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+        finally:
+            self._release_resources()
+
+    def _wait_for_exits(self, seconds: float,
+                        discard: Callable[[Event], None] | None) -> None:
+        deadline = time.monotonic() + seconds
+        while any(not handle.ended for handle in self.handles):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for event in self.wait(remaining):
+                if event.ended:
+                    handle = self.handles[event.worker_id]
+                    handle.state = (WorkerState.EXITED if handle.process.exitcode == 0
+                                    else WorkerState.CRASHED)
+                    _log.debug("worker %d (pid %s) exited with %s", handle.worker_id,
+                               handle.pid, handle.process.exitcode)
+                elif discard is not None:
+                    discard(event)  # drained so a worker blocked writing can see Stop
+
+    def _release_resources(self) -> None:
+        sigchld.unregister(self)  # first: the SIGCHLD handler must not wake a closed waiter
+        for _, worker_ends in self._prepared:  # never launched: their ends are still ours
+            for end in worker_ends:
+                end.close()
+        self._prepared = []
+        for handle in self.handles:
+            if not handle.ended:
+                handle.ended = handle.process.exitcode is not None
+            self._close_reader(handle)
+            inherited_fds.remove_main_side_fds(handle.writer.fd)
+            handle.writer.close()
+        self._releases.clear()
+        self.waiter.close()
+
+    def note_child_exit(self) -> None:
+        """SIGCHLD: some child ended; make a blocked wait look at the sentinels now."""
+        self.waiter.wake()
+
+    def worker_pids(self) -> list[int | None]:
+        return [handle.pid for handle in self.handles]

@@ -1,0 +1,81 @@
+"""What travels between the main process and a worker, as small dataclasses.
+
+Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO order:
+
+    Task(epoch, task_id, indices)   fetch these indices and reply with one TaskDone
+    Release(blocks)                 these shared-memory blocks have no live view in the main process
+    Resume(epoch)                   a persistent worker starts epoch ``epoch``: restart the dataset
+                                    iterator, forget tasks of earlier epochs, forget exhaustion
+    Stop()                          exit gracefully (EOF on the pipe means the same)
+
+The *result pipe* carries, worker -> main:
+
+    WorkerReady(worker_id, pid)             seeded, ``worker_init_fn`` and hooks ran (or failed)
+    TaskDone(epoch, task_id, payload, ...)  a batch (encoded by the channel) or a RemoteError
+    IterableExhausted(epoch, task_id)       the worker's dataset iterator ended at this task; the
+                                            worker ignores its later tasks of this epoch
+
+A ``TaskDone`` whose payload is too big to pickle cheaply says ``payload_follows`` and the payload
+comes as the next raw frame on the same pipe, so a large batch is never copied into a pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mploader.errors import RemoteError
+from mploader.monitor.events import TaskTimings
+
+
+@dataclass(slots=True)
+class Task:
+    epoch: int
+    task_id: int
+    indices: Any
+
+
+@dataclass(slots=True)
+class Release:
+    blocks: list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class Resume:
+    epoch: int
+
+
+@dataclass(slots=True)
+class Stop:
+    pass
+
+
+@dataclass(slots=True)
+class WorkerReady:
+    worker_id: int
+    pid: int
+    init_failed: bool = False
+
+
+@dataclass(slots=True)
+class TaskDone:
+    epoch: int
+    task_id: int
+    worker_id: int
+    payload: bytes | None = None
+    error: RemoteError | None = None
+    payload_follows: bool = False
+    timings: TaskTimings | None = None  # None when the task failed before it was fetched
+
+
+@dataclass(slots=True)
+class IterableExhausted:
+    epoch: int
+    task_id: int
+    worker_id: int
+
+
+# A payload at least this large travels as its own frame instead of inside the pickled header:
+# below it, one pickle + one write is cheaper than two writes; above it, the copy into the pickle
+# dominates (a 64 KiB memcpy is ~3 us, a second write syscall ~2 us).
+SEPARATE_FRAME_BYTES = 64 * 1024

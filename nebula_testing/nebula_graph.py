@@ -1,0 +1,355 @@
+"""The test server's in-memory graph: spaces, schemas, vertices, edges, and statement execution.
+
+Free of Thrift on purpose: statements come in as :mod:`nebula_testing.ngql_syntax` trees,
+results go out as rows of plain Python values (see :mod:`nebula_testing.nebula_expressions`)
+in a :class:`QueryResult`; :mod:`nebula_testing.nebula_values` turns them into ``nebula3``
+``Value`` structs.  Errors are ``QueryError`` with graphd's error code and graphd-like wording.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from nebula_testing import ngql_syntax as syntax
+from nebula_testing.nebula_expressions import (
+    E_EXECUTION_ERROR,
+    E_EXISTED,
+    EdgeValue,
+    QueryError,
+    RowContext,
+    VertexValue,
+    evaluate,
+    render,
+    semantic_error,
+)
+
+
+@dataclass
+class QueryResult:
+    """``columns is None`` means the statement returns no data set (DDL, DML, ``USE``)."""
+
+    columns: list[str] | None = None
+    rows: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass
+class Schema:
+    """The columns of a tag or an edge type."""
+
+    columns: tuple[syntax.ColumnDef, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [column.name for column in self.columns]
+
+    def column(self, name: str) -> syntax.ColumnDef | None:
+        return next((column for column in self.columns if column.name == name), None)
+
+
+@dataclass
+class Space:
+    """One graph space: its vid type, schemas, and data (edges indexed both ways)."""
+
+    name: str
+    vid_type: str  # INT64 or FIXED_STRING
+    vid_length: int | None
+    tags: dict[str, Schema] = field(default_factory=dict)
+    edges: dict[str, Schema] = field(default_factory=dict)
+    vertices: dict[Any, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # edge name -> src -> (dst, rank) -> props, and the reverse index edge -> dst -> (src, rank)
+    out_edges: dict[str, dict[Any, dict[tuple[Any, int], dict[str, Any]]]] = field(
+        default_factory=dict
+    )
+    in_edges: dict[str, dict[Any, dict[tuple[Any, int], None]]] = field(default_factory=dict)
+
+    def check_vid(self, value: Any) -> int | str:
+        if self.vid_type == "INT64":
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise semantic_error(f"`{render(value)}', the vid should be type of INT64")
+        if isinstance(value, str):
+            return value[: self.vid_length] if self.vid_length else value
+        raise semantic_error(f"`{render(value)}', the vid should be type of FIXED_STRING")
+
+    def add_vertex(self, vid: Any, tag: str, props: dict[str, Any], overwrite: bool = True) -> None:
+        tags = self.vertices.setdefault(vid, {})
+        if overwrite or tag not in tags:
+            tags[tag] = props
+
+    def add_edge(
+        self,
+        edge: str,
+        src: Any,
+        dst: Any,
+        rank: int,
+        props: dict[str, Any],
+        overwrite: bool = True,
+    ) -> None:
+        outgoing = self.out_edges.setdefault(edge, {}).setdefault(src, {})
+        if overwrite or (dst, rank) not in outgoing:
+            outgoing[(dst, rank)] = props
+            self.in_edges.setdefault(edge, {}).setdefault(dst, {})[(src, rank)] = None
+
+
+class GraphStore:
+    """All spaces; ``lock`` serialises statements (the server runs one thread per connection)."""
+
+    def __init__(self) -> None:
+        self.spaces: dict[str, Space] = {}
+        self.lock = threading.RLock()
+
+    def space(self, name: str) -> Space:
+        space = self.spaces.get(name)
+        if space is None:
+            raise QueryError(E_EXECUTION_ERROR, f"SpaceNotFound: SpaceName `{name}`")
+        return space
+
+    def create_space(
+        self, name: str, vid_type: str = "INT64", vid_length: int | None = None
+    ) -> Space:
+        space = Space(name, vid_type, vid_length)
+        self.spaces[name] = space
+        return space
+
+    # ------------------------------------------------------------------------- statements
+
+    def execute(
+        self, statement: syntax.Statement, space_name: str | None, params: dict[str, Any]
+    ) -> QueryResult:
+        """Run one graph statement in ``space_name`` (``None``: no space chosen yet)."""
+        if isinstance(statement, syntax.CreateSpaceStmt):
+            return self._create_space(statement)
+        if isinstance(statement, syntax.DropSpaceStmt):
+            if statement.name not in self.spaces and not statement.if_exists:
+                raise QueryError(E_EXECUTION_ERROR, f"SpaceNotFound: SpaceName `{statement.name}`")
+            self.spaces.pop(statement.name, None)
+            return QueryResult()
+        if isinstance(statement, syntax.ShowStmt) and statement.what == "SPACES":
+            return QueryResult(["Name"], [[name] for name in sorted(self.spaces)])
+        if isinstance(statement, syntax.YieldStmt):
+            context = RowContext(None, params)
+            rows = [[evaluate(column.expr, context) for column in statement.columns]]
+            return QueryResult([column.name for column in statement.columns], rows)
+        if space_name is None:
+            raise semantic_error("Space was not chosen.")
+        space = self.space(space_name)
+        if isinstance(statement, syntax.ShowStmt):
+            names = space.tags if statement.what == "TAGS" else space.edges
+            return QueryResult(["Name"], [[name] for name in sorted(names)])
+        if isinstance(statement, syntax.CreateSchemaStmt):
+            return self._create_schema(space, statement, params)
+        if isinstance(statement, syntax.InsertVertexStmt):
+            return self._insert_vertex(space, statement, params)
+        if isinstance(statement, syntax.InsertEdgeStmt):
+            return self._insert_edge(space, statement, params)
+        if isinstance(statement, syntax.FetchStmt):
+            return self._fetch(space, statement, params)
+        if isinstance(statement, syntax.GoStmt):
+            return self._go(space, statement, params)
+        raise QueryError(
+            E_EXECUTION_ERROR, f"statement {type(statement).__name__} is not supported"
+        )
+
+    def _create_space(self, statement: syntax.CreateSpaceStmt) -> QueryResult:
+        if statement.name in self.spaces:
+            if statement.if_not_exists:
+                return QueryResult()
+            raise QueryError(E_EXISTED, "Existed!")
+        self.create_space(statement.name, statement.vid_type, statement.vid_length)
+        return QueryResult()
+
+    def _create_schema(
+        self, space: Space, statement: syntax.CreateSchemaStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        registry = space.tags if statement.kind == "TAG" else space.edges
+        other = space.edges if statement.kind == "TAG" else space.tags
+        if statement.name in registry or statement.name in other:
+            if statement.if_not_exists and statement.name in registry:
+                return QueryResult()
+            raise QueryError(E_EXISTED, "Existed!")
+        names = [column.name for column in statement.columns]
+        if len(set(names)) != len(names):
+            raise semantic_error(f"duplicate column name in {statement.name}({', '.join(names)})")
+        for column in statement.columns:
+            if column.default is not None:
+                _coerce(column, evaluate(column.default, RowContext(None, params)))
+        registry[statement.name] = Schema(statement.columns)
+        return QueryResult()
+
+    def _row_props(
+        self,
+        schema: Schema,
+        owner: str,
+        names: tuple[str, ...],
+        values: list[Any],
+        params: dict[str, Any],
+    ) -> dict[str, Any]:
+        given = dict(zip(names, values, strict=True))
+        props: dict[str, Any] = {}
+        for name in given:
+            if schema.column(name) is None:
+                raise semantic_error(f"Unknown column `{name}' in schema of `{owner}'")
+        for column in schema.columns:
+            if column.name in given:
+                props[column.name] = _coerce(column, given[column.name])
+            elif column.default is not None:
+                default = evaluate(column.default, RowContext(None, params))
+                props[column.name] = _coerce(column, default)
+            elif column.nullable:
+                props[column.name] = None
+            else:
+                raise semantic_error(
+                    f"The property `{column.name}' of `{owner}' is not nullable and has no default"
+                )
+        return props
+
+    def _insert_vertex(
+        self, space: Space, statement: syntax.InsertVertexStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        if not statement.tags:
+            raise semantic_error("INSERT VERTEX needs at least one tag")
+        schemas = []
+        for tag, names in statement.tags:
+            schema = space.tags.get(tag)
+            if schema is None:
+                raise semantic_error(f"No schema found for `{tag}'")
+            schemas.append((tag, names, schema))
+        width = sum(len(names) for _, names, _ in schemas)
+        context = RowContext(None, params)
+        pending = []
+        for vid_expr, value_exprs in statement.rows:
+            if len(value_exprs) != width:
+                raise semantic_error(
+                    f"Column count doesn't match value count: {width} columns, "
+                    f"{len(value_exprs)} values"
+                )
+            vid = space.check_vid(evaluate(vid_expr, context))
+            values = [evaluate(expr, context) for expr in value_exprs]
+            offset = 0
+            for tag, names, schema in schemas:
+                chunk = values[offset : offset + len(names)]
+                offset += len(names)
+                pending.append((vid, tag, self._row_props(schema, tag, names, chunk, params)))
+        for vid, tag, props in pending:  # all rows validated first: a failed INSERT changes nothing
+            space.add_vertex(vid, tag, props, overwrite=not statement.if_not_exists)
+        return QueryResult()
+
+    def _insert_edge(
+        self, space: Space, statement: syntax.InsertEdgeStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        schema = space.edges.get(statement.edge)
+        if schema is None:
+            raise semantic_error(f"No schema found for `{statement.edge}'")
+        context = RowContext(None, params)
+        pending = []
+        for src_expr, dst_expr, rank, value_exprs in statement.rows:
+            if len(value_exprs) != len(statement.columns):
+                raise semantic_error(
+                    f"Column count doesn't match value count: {len(statement.columns)} columns, "
+                    f"{len(value_exprs)} values"
+                )
+            src = space.check_vid(evaluate(src_expr, context))
+            dst = space.check_vid(evaluate(dst_expr, context))
+            values = [evaluate(expr, context) for expr in value_exprs]
+            props = self._row_props(schema, statement.edge, statement.columns, values, params)
+            pending.append((src, dst, rank, props))
+        for src, dst, rank, props in pending:
+            space.add_edge(statement.edge, src, dst, rank, props, not statement.if_not_exists)
+        return QueryResult()
+
+    def _vids(self, space: Space, exprs: tuple[syntax.Expr, ...], params: dict[str, Any]) -> list:
+        context = RowContext(None, params)
+        return list(dict.fromkeys(space.check_vid(evaluate(expr, context)) for expr in exprs))
+
+    def _fetch(
+        self, space: Space, statement: syntax.FetchStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        tags = list(space.tags) if statement.tags is None else list(statement.tags)
+        for tag in tags:
+            if tag not in space.tags:
+                raise semantic_error(f"No schema found for `{tag}'")
+        rows = []
+        for vid in self._vids(space, statement.vids, params):
+            stored = space.vertices.get(vid, {})
+            present = {tag: dict(stored[tag]) for tag in tags if tag in stored}
+            if not present:
+                continue
+            context = RowContext(space, params, vertex=VertexValue(vid, present))
+            context.fetch_tags = set(tags)
+            rows.append([evaluate(column.expr, context) for column in statement.columns])
+        return QueryResult(
+            [column.name for column in statement.columns], _distinct(rows, statement)
+        )
+
+    def _go(self, space: Space, statement: syntax.GoStmt, params: dict[str, Any]) -> QueryResult:
+        edges = list(space.edges) if statement.edges is None else list(statement.edges)
+        for edge in edges:
+            if edge not in space.edges:
+                raise semantic_error(f"`{edge}', not found the edge type")
+        frontier = self._vids(space, statement.vids, params)
+        for _ in range(statement.steps - 1):
+            reached = [
+                other
+                for vid in frontier
+                for _, other in self._edges_of(space, edges, vid, statement.direction)
+            ]
+            frontier = list(dict.fromkeys(reached))
+        rows = []
+        for vid in frontier:
+            for edge_value, other in self._edges_of(space, edges, vid, statement.direction):
+                context = RowContext(space, params, edge=edge_value)
+                context.edge_types = set(edges)
+                context.source_vid, context.destination_vid = vid, other
+                rows.append([evaluate(column.expr, context) for column in statement.columns])
+        return QueryResult(
+            [column.name for column in statement.columns], _distinct(rows, statement)
+        )
+
+    @staticmethod
+    def _edges_of(space: Space, edges: list[str], vid: Any, direction: str) -> list:
+        found: list[tuple[EdgeValue, Any]] = []
+        for edge in edges:
+            if direction in ("OUT", "BOTH"):
+                for (dst, rank), props in space.out_edges.get(edge, {}).get(vid, {}).items():
+                    found.append((EdgeValue(vid, dst, edge, rank, dict(props)), dst))
+            if direction in ("IN", "BOTH"):
+                for src, rank in space.in_edges.get(edge, {}).get(vid, {}):
+                    props = space.out_edges[edge][src][(vid, rank)]
+                    found.append((EdgeValue(src, vid, edge, rank, dict(props)), src))
+        return found
+
+
+def _distinct(
+    rows: list[list[Any]], statement: syntax.FetchStmt | syntax.GoStmt
+) -> list[list[Any]]:
+    if not statement.distinct:
+        return rows
+    seen: dict[str, list[Any]] = {}
+    for row in rows:
+        seen.setdefault(repr(row), row)
+    return list(seen.values())
+
+
+def _coerce(column: syntax.ColumnDef, value: Any) -> Any:
+    """Check ``value`` against the column type, as graphd does on INSERT."""
+    if value is None:
+        if not column.nullable:
+            raise semantic_error(f"The property `{column.name}' is not nullable")
+        return None
+    if column.type_name == "INT64" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if (
+        column.type_name == "DOUBLE"
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    ):
+        return float(value)
+    if column.type_name == "STRING" and isinstance(value, str):
+        return value[: column.fixed_length] if column.fixed_length else value
+    if column.type_name == "BOOL" and isinstance(value, bool):
+        return value
+    raise semantic_error(
+        f"Wrong type of value `{render(value)}' for property `{column.name}' ({column.type_name})"
+    )

@@ -1,0 +1,268 @@
+"""The ``GraphService`` of one client connection: sign-in, sessions, and statement dispatch.
+
+graphd's behaviour reproduced here: ``authenticate`` answers ``E_BAD_USERNAME_PASSWORD`` with
+"User not exist" / "Invalid password"; session id 0 (nebula3's ``ping``) and unknown ids answer
+``E_SESSION_INVALID``; ``signout`` is one-way; ``USE`` sets the session's space; ``SHOW
+SESSIONS`` lists SessionId, UserName, SpaceName, CreateTime, UpdateTime, GraphAddr, Timezone,
+ClientIp.  Graph statements go to :class:`~nebula_testing.nebula_graph.GraphStore`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nebula3.common.ttypes import DataSet, ErrorCode, Row
+from nebula3.graph import GraphService
+from nebula3.graph.ttypes import AuthResponse, ExecutionResponse, VerifyClientVersionResp
+
+from nebula_testing import ngql, ngql_syntax
+from nebula_testing.nebula_expressions import (
+    E_STATEMENT_EMPTY,
+    E_SYNTAX_ERROR,
+    QueryError,
+)
+from nebula_testing.nebula_graph import QueryResult
+from nebula_testing.nebula_values import from_value, to_json_value, to_value
+
+if TYPE_CHECKING:
+    from nebula_testing.nebula_server import NebulaTestServer
+
+_log = logging.getLogger("nebula_testing.nebula_server")
+
+
+@dataclass
+class SessionRecord:
+    """One signed-in session, as ``SHOW SESSIONS`` lists it."""
+
+    session_id: int
+    user: str
+    space: str | None
+    create_time: datetime.datetime
+    update_time: datetime.datetime
+    client_ip: str
+
+
+def shutdown_socket(connection: socket.socket, close: bool = False) -> None:
+    """Shut ``connection`` down (wakes its reader); only its own thread passes ``close=True``.
+
+    Closing from another thread could let the fd number be reused under the reader's feet.
+    """
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    if close:
+        connection.close()
+
+
+class ConnectionHandler(GraphService.Iface):
+    """The ``GraphService`` of one connection (knows its socket and the client's address)."""
+
+    def __init__(self, server: NebulaTestServer, connection: socket.socket, client_ip: str) -> None:
+        self.server = server
+        self.connection = connection
+        self.client_ip = client_ip
+
+    def verifyClientVersion(self, req: Any = None) -> VerifyClientVersionResp:
+        return VerifyClientVersionResp(error_code=ErrorCode.SUCCEEDED)
+
+    def authenticate(self, username: Any = None, password: Any = None) -> AuthResponse:
+        user, secret = _text(username), _text(password)
+        expected = self.server.users.get(user)
+        if expected is None or expected != secret:
+            message = "User not exist" if expected is None else "Invalid password"
+            return AuthResponse(
+                error_code=ErrorCode.E_BAD_USERNAME_PASSWORD, error_msg=message.encode()
+            )
+        with self.server.store.lock:
+            session_id = self.server.new_session_id()
+            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            self.server.sessions[session_id] = SessionRecord(
+                session_id, user, None, now, now, self.client_ip
+            )
+        return AuthResponse(
+            error_code=ErrorCode.SUCCEEDED,
+            session_id=session_id,
+            time_zone_offset_seconds=0,
+            time_zone_name=b"UTC",
+        )
+
+    def signout(self, sessionId: Any = None) -> None:
+        with self.server.store.lock:
+            self.server.sessions.pop(sessionId, None)
+
+    def execute(self, sessionId: Any = None, stmt: Any = None) -> ExecutionResponse:
+        return self.executeWithParameter(sessionId, stmt, None)
+
+    def executeWithParameter(
+        self, sessionId: Any = None, stmt: Any = None, parameterMap: Any = None
+    ) -> ExecutionResponse:
+        return self._answer(sessionId, stmt, parameterMap).to_thrift()
+
+    def executeJson(self, sessionId: Any = None, stmt: Any = None) -> bytes:
+        return self.executeJsonWithParameter(sessionId, stmt, None)
+
+    def executeJsonWithParameter(
+        self, sessionId: Any = None, stmt: Any = None, parameterMap: Any = None
+    ) -> bytes:
+        return self._answer(sessionId, stmt, parameterMap).to_json()
+
+    # ------------------------------------------------------------------------- helpers
+
+    def _answer(self, session_id: Any, stmt: Any, raw_params: Any) -> _Answer:
+        started = time.perf_counter()
+        session: SessionRecord | None = None
+        try:
+            session = self._session(session_id)
+            result = self._run(session, _text(stmt), raw_params or {})
+            code, message = ErrorCode.SUCCEEDED, None
+        except QueryError as error:
+            result, code, message = QueryResult(), error.code, error.message
+        except Exception as error:  # a server bug must not kill the connection
+            _log.exception("statement failed: %r", stmt)
+            result, code = QueryResult(), ErrorCode.E_EXECUTION_ERROR
+            message = f"{type(error).__name__}: {error}"
+        space = (session.space or "") if session is not None else ""
+        latency = int((time.perf_counter() - started) * 1e6)
+        return _Answer(result, code, message, space, latency)
+
+    def _session(self, session_id: int) -> SessionRecord:
+        with self.server.store.lock:
+            if session_id == 0:  # graphd answers pings (session 0) this way too
+                raise QueryError(ErrorCode.E_SESSION_INVALID, "Invalid session id")
+            session = self.server.sessions.get(session_id)
+            if session is None:
+                raise QueryError(
+                    ErrorCode.E_SESSION_INVALID,
+                    f"Get sessionId[{session_id}] failed: Session `{session_id}' not found",
+                )
+            session.update_time = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            return session
+
+    def _run(self, session: SessionRecord, text: str, raw_params: dict[Any, Any]) -> QueryResult:
+        try:
+            statements = ngql.parse_statements(text)
+        except ngql.NgqlSyntaxError as error:
+            code = (
+                ErrorCode.E_SEMANTIC_ERROR if str(error).startswith("Semantic") else E_SYNTAX_ERROR
+            )
+            raise QueryError(code, str(error))
+        if not statements:
+            raise QueryError(E_STATEMENT_EMPTY, "StatementEmpty: the statement is empty")
+        params = {_text(key): from_value(value) for key, value in raw_params.items()}
+        result = QueryResult()
+        for statement in statements:
+            result = self._run_one(session, statement, params)
+        return result
+
+    def _run_one(
+        self, session: SessionRecord, statement: ngql_syntax.Statement, params: dict[str, Any]
+    ) -> QueryResult:
+        if isinstance(statement, ngql_syntax.DebugStmt):
+            return self._debug(statement)
+        with self.server.store.lock:
+            if isinstance(statement, ngql_syntax.UseStmt):
+                self.server.store.space(statement.space)
+                session.space = statement.space
+                return QueryResult()
+            if isinstance(statement, ngql_syntax.ShowStmt) and statement.what in (
+                "SESSIONS",
+                "SESSION",
+            ):
+                return self._show_sessions(statement.session_id)
+            if isinstance(statement, ngql_syntax.KillSessionStmt):
+                if self.server.sessions.pop(statement.session_id, None) is None:
+                    raise QueryError(
+                        ErrorCode.E_EXECUTION_ERROR,
+                        f"SessionId[{statement.session_id}] does not exist",
+                    )
+                return QueryResult()
+            if session.space is not None and session.space not in self.server.store.spaces:
+                session.space = None  # the space was dropped under this session
+            return self.server.store.execute(statement, session.space, params)
+
+    def _show_sessions(self, only: int | None) -> QueryResult:
+        columns = ["SessionId", "UserName", "SpaceName", "CreateTime", "UpdateTime"]
+        columns += ["GraphAddr", "Timezone", "ClientIp"]
+        rows = []
+        for record in self.server.sessions.values():
+            if only is not None and record.session_id != only:
+                continue
+            rows.append(
+                [
+                    record.session_id,
+                    record.user,
+                    record.space or "",
+                    record.create_time,
+                    record.update_time,
+                    self.server.graph_addr,
+                    0,
+                    record.client_ip,
+                ]
+            )
+        if only is not None and not rows:
+            raise QueryError(ErrorCode.E_EXECUTION_ERROR, f"Session `{only}' not found")
+        return QueryResult(columns, rows)
+
+    def _debug(self, statement: ngql_syntax.DebugStmt) -> QueryResult:
+        if statement.action == "SLEEP":
+            time.sleep(max(statement.milliseconds, 0) / 1000)
+            return QueryResult()
+        if statement.action == "DROP_CONNECTIONS":
+            return QueryResult(["dropped"], [[self.server.drop_connections(keep=self.connection)]])
+        shutdown_socket(self.connection)  # DROP_CONNECTION: the reply can no longer be sent
+        return QueryResult()
+
+
+@dataclass
+class _Answer:
+    """One statement's outcome, before it is encoded as Thrift or as JSON."""
+
+    result: QueryResult
+    code: int
+    message: str | None
+    space: str
+    latency_us: int
+
+    def to_thrift(self) -> ExecutionResponse:
+        data = None
+        if self.result.columns is not None:
+            data = DataSet(
+                column_names=[name.encode() for name in self.result.columns],
+                rows=[Row(values=[to_value(value) for value in row]) for row in self.result.rows],
+            )
+        return ExecutionResponse(
+            error_code=self.code,
+            latency_in_us=self.latency_us,
+            data=data,
+            space_name=self.space.encode(),
+            error_msg=self.message.encode() if self.message else None,
+        )
+
+    def to_json(self) -> bytes:
+        """The layout nebula3's ``Session.execute_json`` documents."""
+        error: dict[str, Any] = {"code": self.code}
+        if self.message:
+            error["message"] = self.message
+        result: dict[str, Any] = {
+            "spaceName": self.space,
+            "latencyInUs": self.latency_us,
+            "errors": error,
+        }
+        if self.result.columns is not None:
+            result["columns"] = list(self.result.columns)
+            result["data"] = []
+            for row in self.result.rows:
+                pairs = [to_json_value(value) for value in row]
+                result["data"].append({"row": [p[0] for p in pairs], "meta": [p[1] for p in pairs]})
+        return json.dumps({"errors": [error], "results": [result]}, default=str).encode()
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value or "")

@@ -1,0 +1,231 @@
+"""A NebulaGraph-compatible graphd for tests: real graphd Thrift protocol, in-memory graph.
+
+The unmodified ``nebula3-python`` client talks to it exactly as to graphd (THeader transport,
+compact protocol, ``GraphService``), so tests exercise the real client code, including its
+process-safety hazards: one thread serves each connection in order, like graphd, and the reply
+to an ``execute`` goes back on the socket it came from, whoever reads it.
+
+Run::
+
+    python -m nebula_testing.nebula_server --port 0 --preload citation --nodes 2000 \\
+        --feature-dim 32 --classes 7 --seed 0
+
+It prints ``LISTENING 127.0.0.1:<port>`` once ready and serves until SIGTERM/SIGINT.  Users are
+``--user name:password`` (default ``root:nebula``).  Besides the nGQL subset of
+:mod:`nebula_testing.ngql` it understands fault statements for tests: ``DEBUG DROP CONNECTION``
+(closes the caller's own connection without replying), ``DEBUG DROP CONNECTIONS`` (closes every
+other connection) and ``DEBUG SLEEP <ms>``.  :func:`start_server_process` runs it as a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nebula3.fbthrift.protocol.THeaderProtocol import THeaderProtocol
+from nebula3.fbthrift.Thrift import TProcessorEventHandler
+from nebula3.fbthrift.transport import TSocket, TTransport
+from nebula3.fbthrift.transport.THeaderTransport import CLIENT_TYPE
+from nebula3.graph import GraphService
+
+from mploader.integrations.nebula import encode_features
+from nebula_testing import citation, ngql_syntax
+from nebula_testing.nebula_graph import GraphStore, Schema
+from nebula_testing.nebula_handler import ConnectionHandler, SessionRecord, shutdown_socket
+from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
+
+__all__ = ["NebulaServerProcess", "NebulaTestServer", "main", "start_server_process"]
+
+_log = logging.getLogger("nebula_testing.nebula_server")
+_CLIENT_TYPES = [CLIENT_TYPE.HEADER, CLIENT_TYPE.FRAMED_DEPRECATED, CLIENT_TYPE.UNFRAMED_DEPRECATED]
+
+
+class NebulaTestServer:
+    """Listening socket, session registry and graph; ``serve_forever`` runs the accept loop."""
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, users: dict[str, str] | None = None
+    ) -> None:
+        self.users = dict(users or {"root": "nebula"})
+        self.store = GraphStore()
+        self.sessions: dict[int, SessionRecord] = {}
+        self.listener = socket.create_server((host, port), reuse_port=False, backlog=128)
+        self.listener.settimeout(0.1)  # the accept loop polls the stop flag this often
+        self.host, self.port = self.listener.getsockname()[:2]
+        self.stopping = threading.Event()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        self._last_session_id = 0
+
+    @property
+    def graph_addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def new_session_id(self) -> int:
+        """Microsecond timestamps like graphd's, made unique."""
+        self._last_session_id = max(self._last_session_id + 1, time.time_ns() // 1000)
+        return self._last_session_id
+
+    def serve_forever(self) -> None:
+        """Accept connections until :meth:`stop`; each runs in its own daemon thread."""
+        try:
+            while not self.stopping.is_set():
+                try:
+                    connection, peer = self.listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self.stopping.is_set():
+                        break
+                    raise
+                connection.settimeout(None)
+                thread = threading.Thread(
+                    target=self._serve_connection, args=(connection, peer), daemon=True
+                )
+                with self._connections_lock:
+                    self._connections[connection] = thread
+                thread.start()
+        finally:
+            self.listener.close()
+            self.drop_connections()
+            for thread in list(self._connections.values()):
+                thread.join(timeout=2)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def drop_connections(self, keep: socket.socket | None = None) -> int:
+        """Close every client connection except ``keep``; returns how many were closed."""
+        with self._connections_lock:
+            victims = [connection for connection in self._connections if connection is not keep]
+        for connection in victims:
+            shutdown_socket(connection)
+        return len(victims)
+
+    def _serve_connection(self, connection: socket.socket, peer: tuple[Any, ...]) -> None:
+        transport_socket = TSocket.TSocket()
+        transport_socket.setHandle(connection)
+        transport = TTransport.TBufferedTransport(transport_socket)
+        protocol = THeaderProtocol(transport, client_types=_CLIENT_TYPES)
+        processor = GraphService.Processor(ConnectionHandler(self, connection, str(peer[0])))
+        processor.setEventHandler(_QuietEventHandler())
+        try:
+            while not self.stopping.is_set():
+                processor.process(protocol, protocol, None)
+        except (TTransport.TTransportException, OSError, EOFError):
+            pass  # the client went away (or we dropped it): nothing to answer
+        except Exception:
+            _log.exception("connection from %s failed", peer)
+        finally:
+            with self._connections_lock:
+                self._connections.pop(connection, None)
+            shutdown_socket(connection, close=True)
+
+    # ------------------------------------------------------------------------- preload
+
+    def preload_citation(
+        self,
+        space: str,
+        graph: citation.CitationGraph,
+    ) -> None:
+        """Load ``graph`` directly (no nGQL round trip) into a fresh INT64 space."""
+        with self.store.lock:
+            self.store.spaces.pop(space, None)
+            target = self.store.create_space(space, "INT64")
+            target.tags[citation.PAPER_TAG] = Schema(
+                (
+                    ngql_syntax.ColumnDef(citation.FEATURE_PROP, "STRING"),
+                    ngql_syntax.ColumnDef(citation.LABEL_PROP, "INT64"),
+                )
+            )
+            target.edges[citation.CITES_EDGE] = Schema(())
+            for vid in range(graph.num_nodes):
+                props = {
+                    citation.FEATURE_PROP: encode_features(graph.features[vid]),
+                    citation.LABEL_PROP: int(graph.labels[vid]),
+                }
+                target.add_vertex(vid, citation.PAPER_TAG, props)
+            for src, dst in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True):
+                target.add_edge(citation.CITES_EDGE, src, dst, 0, {})
+
+
+class _QuietEventHandler(TProcessorEventHandler):
+    """Log handler errors, except a reply that cannot be sent because the client is gone."""
+
+    def handlerError(self, handler_context: Any, fn_name: str, exception: BaseException) -> None:
+        if not isinstance(exception, TTransport.TTransportException | OSError):
+            _log.error("%s failed", fn_name, exc_info=exception)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m nebula_testing.nebula_server",
+        description="NebulaGraph-compatible graphd (Thrift protocol, in-memory graph) for tests.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9669, help="0 picks a free port")
+    parser.add_argument(
+        "--user",
+        action="append",
+        default=None,
+        metavar="NAME:PASSWORD",
+        help="a user that may sign in (repeatable; default root:nebula)",
+    )
+    parser.add_argument("--preload", choices=["citation"], default=None)
+    parser.add_argument("--space", default=citation.CITATION_SPACE)
+    parser.add_argument("--nodes", type=int, default=2708)
+    parser.add_argument("--feature-dim", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cites-per-node", type=int, default=5)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parse_arguments(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    users: dict[str, str] = {}
+    for entry in arguments.user or ["root:nebula"]:
+        name, separator, password = entry.partition(":")
+        if not separator:
+            raise SystemExit(f"--user expects NAME:PASSWORD, got {entry!r}")
+        users[name] = password
+    server = NebulaTestServer(arguments.host, arguments.port, users)
+    if arguments.preload == "citation":
+        graph = citation.make_citation_graph(
+            arguments.nodes,
+            arguments.feature_dim,
+            arguments.classes,
+            arguments.seed,
+            arguments.cites_per_node,
+        )
+        server.preload_citation(arguments.space, graph)
+
+    def request_stop(signum: int, frame: Any) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    print(f"LISTENING {server.host}:{server.port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    # Every socket is closed by now; skip interpreter teardown (torch's alone takes ~0.5 s),
+    # which makes restarting the server in tests noticeably faster.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

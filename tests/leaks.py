@@ -1,0 +1,35 @@
+"""What a test may leave in ``/dev/shm``: nothing of its own.
+
+An entry is this test run's own when its main pid (the first field after ``mploader-``) is this
+process, one of its descendants, or a process that is gone.  Entries of other live processes (a
+concurrent test run in another checkout, another user's loader) are not ours to judge.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+import psutil
+
+_MAIN_PID = re.compile(r"^mploader-(\d+)-")
+
+
+def shm_entries() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if "mploader" in name}
+
+
+def leaked_entries(before: Iterable[str]) -> set[str]:
+    """Entries new since ``before`` that belong to this process, its descendants or the dead."""
+    new = shm_entries() - set(before)
+    if not new:
+        return set()
+    ours = {os.getpid()} | {child.pid for child in psutil.Process().children(recursive=True)}
+    leaked = set()
+    for name in new:
+        match = _MAIN_PID.match(name)
+        main_pid = int(match.group(1)) if match else -1
+        if main_pid in ours or not psutil.pid_exists(main_pid):
+            leaked.add(name)
+    return leaked

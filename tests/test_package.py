@@ -1,0 +1,53 @@
+"""What ships: the wheel holds the loader and its NebulaGraph integration, nothing of the tests.
+
+``import mploader`` and ``import mploader.integrations.nebula`` must work with only the runtime
+dependencies: the check runs them in a fresh interpreter in which importing pytest, nebula3,
+thrift or the repository's test server fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+_BLOCK_TEST_TOOLING = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"pytest", "_pytest", "nebula3", "thrift", "nebula_testing"}:
+            raise ImportError(f"{name} is not a runtime dependency")
+        return None
+sys.meta_path.insert(0, Refuse())
+import mploader, mploader.integrations.nebula
+from mploader.integrations.nebula import NebulaFeatureStore, NebulaHooks
+print(mploader.DataLoader.__name__, NebulaHooks.__name__, NebulaFeatureStore.__name__)
+"""
+
+
+def test_the_wheel_holds_the_loader_only(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(REPOSITORY)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = tmp_path.glob("mploader-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/")[0] for name in names if not name.startswith("mploader-")}
+    assert packages == {"mploader"}, packages
+    assert "mploader/integrations/nebula/hooks.py" in names
+    assert "mploader/py.typed" in names
+    for forbidden in ("nebula_server", "ngql", "pytest", "testing/", "conftest"):
+        assert not [name for name in names if forbidden in name], forbidden
+
+
+def test_imports_need_only_the_runtime_dependencies(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_TEST_TOOLING], cwd=tmp_path,  # not the repository root
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["DataLoader", "NebulaHooks", "NebulaFeatureStore"]
