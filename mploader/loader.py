@@ -60,6 +60,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
       ``False`` pickles them; a ``mploader.SharedMemoryConfig`` sets the budget and threshold.
     * ``max_worker_restarts``: replace a crashed worker up to this many times.
     * ``trace``: a path; write a Chrome/Perfetto JSON trace of every batch's lifecycle.
+    * ``snapshot_every_n_steps``: torchdata's name; any ``n >= 1`` tracks the resume state of every
+      batch (workers send only what changed, so every step is exact); ``None`` turns tracking
+      off, and with it ``state_dict()``.
+
+    ``state_dict()`` / ``load_state_dict(state)``: mid-epoch resume (see :meth:`state_dict`).
     """
 
     dataset: Dataset[T_co]  # type: ignore[assignment]
@@ -89,6 +94,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         shared_memory: Any = True,
         max_worker_restarts: int = 0,
         trace: str | os.PathLike[str] | None = None,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -110,6 +116,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_additions(dataset, worker_hooks, shared_memory, max_worker_restarts)
+        _check_snapshot_every_n_steps(snapshot_every_n_steps)
 
         self.dataset = dataset
         self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
@@ -125,6 +132,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.shared_memory = shared_memory
         self.max_worker_restarts = max_worker_restarts
         self.trace = os.fspath(trace) if trace is not None else None
+        self.snapshot_every_n_steps = snapshot_every_n_steps
 
         if isinstance(dataset, IterableDataset):
             if shuffle not in {False, None}:
@@ -191,6 +199,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._DataLoader__initialized = True
         self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
         self._iterator: Any = None
+        self.resume_tracker = _make_resume_tracker(self) if snapshot_every_n_steps else None
         self.check_worker_number_rationality()
         _warm_up_zygote(num_workers, self.multiprocessing_context)
 
@@ -255,6 +264,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return len(self._index_sampler)
 
     def __iter__(self) -> Any:
+        if self.resume_tracker is None:
+            return self._iter_epoch()
+        with self.resume_tracker.epoch_window(self):
+            return self._iter_epoch()
+
+    def _iter_epoch(self) -> Any:
         if self.persistent_workers and self.num_workers > 0:
             iterator = self._iterator
             if iterator is None or getattr(iterator, "_shutdown", False):
@@ -263,6 +278,40 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 iterator._reset(self)
             return self._iterator
         return self._get_iterator()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: after the last batch the consumer received.
+
+        A plain dict (Python scalars, lists, dicts and tensors, with a ``version``) that pickles
+        and ``torch.save``\\ s.  A new loader built with the same arguments that loads it with
+        :meth:`load_state_dict` yields, from its next ``iter()``, exactly the batches this one
+        would have yielded next, and then the same later epochs (generator, base seed, worker
+        seeds and the workers' random draws included).
+        """
+        tracker = self._tracker_or_raise("state_dict")
+        tracker.configure(self)
+        return tracker.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` at the next ``iter()``.  A state made by another
+        version, or by a loader built with other arguments, is a ``ValueError`` naming the
+        difference.  ``{}`` loads nothing."""
+        tracker = self._tracker_or_raise("load_state_dict")
+        if state_dict == {}:
+            return
+        tracker.configure(self)
+        tracker.load_state_dict(state_dict)
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None:  # persistent workers of the old position: not reusable
+            iterator._shutdown_workers()
+
+    def _tracker_or_raise(self, method: str) -> Any:
+        if self.resume_tracker is None:
+            raise RuntimeError(
+                f"DataLoader.{method}() needs state tracking, which snapshot_every_n_steps=None "
+                "turned off; build the loader with snapshot_every_n_steps=1 (the default)"
+            )
+        return self.resume_tracker
 
     def _get_iterator(self) -> Any:
         from mploader.iterator.factory import make_iterator
@@ -309,6 +358,21 @@ def _warm_up_zygote(num_workers: int, context: Any) -> None:
     resolved = context or python_multiprocessing.get_context()
     if resolved.get_start_method() in ("spawn", "forkserver"):
         zygote.zygote_for(resolved)
+
+
+def _make_resume_tracker(loader: DataLoader[Any]) -> Any:
+    from mploader.iterator.resume import ResumeTracker
+
+    return ResumeTracker(loader)
+
+
+def _check_snapshot_every_n_steps(value: Any) -> None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return
+    raise ValueError(
+        "snapshot_every_n_steps option should be a non-negative integer or None, but got "
+        f"snapshot_every_n_steps={value!r}"
+    )
 
 
 def _check_additions(

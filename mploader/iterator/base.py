@@ -27,16 +27,25 @@ class BaseIterator:
         self._pin_memory, self._pin_memory_device = _resolve_pin_memory(settings)
         # The same two draws in the same order as torch: the sampler iterator is made first (a
         # generator: nothing drawn yet), then one int64 from ``generator`` for the base seed.
+        # With state tracking, a resumed epoch replays them (mploader.iterator.resume).
+        self._tracker = settings.resume
+        self._resume_plan = self._tracker.begin_epoch(True) if self._tracker is not None else None
         self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = draw_base_seed(settings.generator)
-        self._num_yielded = 0
+        if self._tracker is not None:
+            self._base_seed = self._tracker.base_seed_for(self._resume_plan, settings.generator)
+        else:
+            self._base_seed = draw_base_seed(settings.generator)
+        self._num_yielded = self._resume_plan.batches_yielded if self._resume_plan else 0
 
     def __iter__(self) -> BaseIterator:
         return self
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        if not first_iter and self._tracker is not None:
+            self._tracker.epoch_reset(self._base_seed)
         self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
+        resumed = self._resume_plan if first_iter else None
+        self._num_yielded = resumed.batches_yielded if resumed is not None else 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self) -> Any:

@@ -32,6 +32,7 @@ from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
 from mploader.errors import PoisonTaskError, add_note
 from mploader.iterator.base import BaseIterator, pin_batch
+from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
 from mploader.monitor.events import WorkerEvent
@@ -40,6 +41,7 @@ from mploader.monitor.stats import LoaderStats
 from mploader.process.death import worker_died_error
 from mploader.process.group import Event, WorkerGroup
 from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
+from mploader.worker.resume import WorkerSnapshot
 from mploader.worker.spec import WorkerSpec
 
 
@@ -65,7 +67,9 @@ class MultiProcessIterator(BaseIterator):
         context = _resolve_context(settings.multiprocessing_context)
         self._restarts_left = settings.max_worker_restarts
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
-        self._group = WorkerGroup(self._spec_template(), context, self._num_workers)
+        plan = self._resume_plan
+        restores = plan.restores() if plan is not None and plan.workers else None
+        self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores)
         self._monitor = IteratorMonitor(self._num_workers, settings.trace)
         self._channel = open_main_end(
             settings.shared_memory, self._tag, self._group.queue_release
@@ -99,6 +103,7 @@ class MultiProcessIterator(BaseIterator):
             loader_tag=self._tag,
             parent_pid=os.getpid(),
             epoch=0,
+            record_state=self._tracker is not None,
         )
 
     # -- what code that reaches in expects (Lightning, tests) ------------------------------------
@@ -120,14 +125,37 @@ class MultiProcessIterator(BaseIterator):
                 self._discard_entry(entry)
             self._group.start_epoch()
         self._worker_cycle = itertools.cycle(range(self._num_workers))
+        if first_iter and self._resume_plan is not None:
+            self._resume_epoch(self._resume_plan)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._dispatch_one()
+
+    def _resume_epoch(self, plan: ResumePlan) -> None:
+        """Pick up a loaded state's epoch: its task numbers, its next worker, its sampler."""
+        assert self._tracker is not None
+        self._table.start_at(plan.resume_at)
+        for _ in range(plan.next_worker):
+            next(self._worker_cycle)
+        self._sampler_iter = self._tracker.resume_sampler(plan, self._sampler_iter)
+
+    def _draw_task(self) -> Any:
+        """The next task's indices, passing over those a resumed epoch delivered before."""
+        indices = self._next_index()
+        tracker = self._tracker
+        if tracker is None:
+            return indices
+        tracker.drawn(self._table.next_task_id, self._sampler_iter)
+        while tracker.delivered_before(self._table.next_task_id):
+            self._table.skip_id()
+            indices = self._next_index()
+            tracker.drawn(self._table.next_task_id, self._sampler_iter)
+        return indices
 
     def _dispatch_one(self) -> None:
         """torch's ``_try_put_index``: draw the next indices and give them to a worker."""
         started = time.monotonic()
         try:
-            indices = self._next_index()
+            indices = self._draw_task()
         except StopIteration:
             return
         worker_id = self._choose_worker()
@@ -201,6 +229,8 @@ class MultiProcessIterator(BaseIterator):
     def _end_epoch(self) -> None:
         # Persistent workers live on: write the trace now.  Otherwise shutdown writes it next.
         self._monitor.epoch_ended(write_trace=self._persistent_workers)
+        if self._tracker is not None:
+            self._tracker.epoch_ended()
         if not self._persistent_workers:
             self._shutdown_workers()
         raise StopIteration
@@ -220,6 +250,8 @@ class MultiProcessIterator(BaseIterator):
 
     def _on_task_done(self, message: TaskDone, payload: bytes | None) -> None:
         result = _Arrived(message, payload)
+        if self._tracker is not None:
+            result.snapshot = self._tracker.arrived_from(message.worker_id, message.state)
         epoch = self._group.epoch
         if message.epoch != epoch or not self._table.arrive(message.task_id, result):
             self._discard(message.worker_id, payload)
@@ -229,6 +261,8 @@ class MultiProcessIterator(BaseIterator):
             result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
 
     def _on_exhausted(self, message: IterableExhausted) -> None:
+        if self._tracker is not None:
+            self._tracker.worker_exhausted(message.worker_id, message.state)
         for entry in self._table.pending_of(message.worker_id):
             self._table.skip(entry.task_id)  # the worker ignores the rest of its tasks
         self._dispatch_one()
@@ -265,7 +299,8 @@ class MultiProcessIterator(BaseIterator):
             if len(deaths) >= 2:
                 raise PoisonTaskError(culprit.task_id, culprit.indices, deaths, death)
         self._restarts_left -= 1
-        handle = self._group.restart(worker_id)
+        restore = self._tracker.restart_restore(worker_id) if self._tracker is not None else None
+        handle = self._group.restart(worker_id, restore)
         self._monitor.worker_replaced(worker_id, handle.pid)
         for entry in held:
             self._group.send_task(worker_id, Task(self._group.epoch, entry.task_id,
@@ -290,6 +325,8 @@ class MultiProcessIterator(BaseIterator):
         self._monitor.delivered(entry.task_id, self._group.epoch)
         self._dispatch_one()  # refill before returning, as torch does
         message = arrived.message
+        if self._tracker is not None:
+            self._tracker.delivered_task(entry.task_id, message.worker_id, arrived.snapshot)
         if message.error is not None:
             raise _TaskError(message.error.rebuild())
         if arrived.pinned is not None:
@@ -318,12 +355,13 @@ class _TaskError(Exception):
 
 
 class _Arrived:
-    __slots__ = ("message", "payload", "pinned")
+    __slots__ = ("message", "payload", "pinned", "snapshot")
 
     def __init__(self, message: TaskDone, payload: bytes | None) -> None:
         self.message = message
         self.payload = payload
         self.pinned: Future[Any] | None = None
+        self.snapshot: WorkerSnapshot | None = None  # the worker's state right after this batch
 
 
 def _resolve_context(context: Any) -> Any:

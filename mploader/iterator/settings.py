@@ -37,6 +37,7 @@ class LoaderSettings:
     shared_memory: Any  # resolved config or None
     max_worker_restarts: int
     trace: str | None
+    resume: Any = None  # the loader's ResumeTracker; None: no state tracking (or a torch loader)
 
     @property
     def uses_default_collate(self) -> bool:
@@ -67,4 +68,5 @@ def settings_of(loader: Any) -> LoaderSettings:
         shared_memory=resolve_shared_memory(getattr(loader, "shared_memory", True)),
         max_worker_restarts=getattr(loader, "max_worker_restarts", 0),
         trace=getattr(loader, "trace", None),
+        resume=getattr(loader, "resume_tracker", None),
     )

@@ -16,6 +16,7 @@ from mploader.iterator.settings import LoaderSettings
 from mploader.worker.fetch import make_fetcher
 from mploader.worker.hooks import activate_hooks, deactivate_hooks
 from mploader.worker.info import make_worker_info
+from mploader.worker.resume import restored_fetcher
 
 
 class SingleProcessIterator(BaseIterator):
@@ -29,17 +30,40 @@ class SingleProcessIterator(BaseIterator):
             activate_hooks(settings.worker_hooks, info)
             self._hooks_active = True
             self._finalizer = weakref.finalize(self, _deactivate_hooks_in, os.getpid())
-        self._fetcher = make_fetcher(
-            self._dataset, self._is_iterable, self._auto_collation, self._drop_last
-        )
+        plan = self._resume_plan
+        if plan is None:
+            self._fetcher = make_fetcher(
+                self._dataset, self._is_iterable, self._auto_collation, self._drop_last
+            )
+        else:  # a resumed epoch: the sampler and an iterable dataset where the state says
+            assert self._tracker is not None
+            self._sampler_iter = self._tracker.resume_sampler(plan, self._sampler_iter)
+            restore = plan.restores()[0] if plan.workers else None
+            self._fetcher = restored_fetcher(restore, self._dataset, self._is_iterable,
+                                             self._auto_collation, self._drop_last)
+        if self._tracker is not None:
+            self._tracker.follow_fetcher(self._fetcher)
 
     def _next_data(self) -> Any:
+        # In one process each batch is delivered before the next is drawn: its task number is
+        # the tracker's first undelivered one.
+        tracker = self._tracker
         try:
             indices = self._next_index()
+            if tracker is not None:
+                tracker.drawn(tracker.resume_at, self._sampler_iter)
             data = self._collate_fn(self._fetcher.fetch(indices))
         except StopIteration:
             self._close_hooks()
+            if tracker is not None:
+                tracker.epoch_ended()
             raise
+        except Exception:
+            if tracker is not None:  # the batch failed; the epoch goes on after it, as in torch
+                tracker.delivered_task(tracker.resume_at, None, None)
+            raise
+        if tracker is not None:
+            tracker.delivered_task(tracker.resume_at, None, None)
         if self._pin_memory:
             data = pin_batch(data, self._pin_memory_device)
         return data

@@ -41,6 +41,14 @@ class TaskTable:
         self.next_to_deliver = 0
         return leftovers
 
+    def start_at(self, task_id: int) -> None:
+        """A resumed epoch: ids ``0 .. task_id - 1`` were handed out (and delivered) before."""
+        self.next_task_id = self.next_to_deliver = task_id
+
+    def skip_id(self) -> None:
+        """Hand out no task for the next id (a resumed epoch delivered it before)."""
+        self.next_task_id += 1
+
     def add(self, worker_id: int, indices: Any) -> int:
         task_id = self.next_task_id
         self.next_task_id += 1

@@ -33,6 +33,7 @@ from mploader.worker.messages import (
     TaskDone,
     WorkerReady,
 )
+from mploader.worker.resume import WorkerRestore
 from mploader.worker.spec import WorkerSpec
 
 _log = logging.getLogger("mploader")
@@ -76,7 +77,8 @@ class Event:
 
 
 class WorkerGroup:
-    def __init__(self, template: WorkerSpec, context: Any, num_workers: int) -> None:
+    def __init__(self, template: WorkerSpec, context: Any, num_workers: int,
+                 restores: list[WorkerRestore | None] | None = None) -> None:
         self.context = context
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
@@ -88,6 +90,8 @@ class WorkerGroup:
         self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
         self.template = template
         self.epoch = template.epoch  # the one count of epochs; a restarted worker starts there
+        # A resumed worker's starting state (DataLoader.load_state_dict), per worker id.
+        self.restores: list[WorkerRestore | None] = restores or [None] * num_workers
         self._prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
         self.handles = [handle for handle, _ in self._prepared]
         sigchld.register(self)
@@ -123,6 +127,7 @@ class WorkerGroup:
             worker_id=worker_id,
             epoch=self.epoch,
             inherited_fds_to_close=inherited_fds.main_side_fds() if self.forking else (),
+            restore=self.restores[worker_id],
         )
         name = f"mploader-worker-{worker_id}"
         process: Any
@@ -149,10 +154,12 @@ class WorkerGroup:
         self.waiter.watch_readable(handle.sentinel)
         _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
 
-    def restart(self, worker_id: int) -> WorkerHandle:
-        """Replace a dead worker by a new process with the same id (and seed)."""
+    def restart(self, worker_id: int, restore: WorkerRestore | None = None) -> WorkerHandle:
+        """Replace a dead worker by a new process with the same id (and seed), started from
+        ``restore`` (its generators as of its last result) when the loader tracks state."""
         old = self.handles[worker_id]
         self._forget(old)
+        self.restores[worker_id] = restore
         handle, ends = self._prepare(worker_id)
         self.handles[worker_id] = handle
         self._launch(handle, ends)

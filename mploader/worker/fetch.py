@@ -33,12 +33,15 @@ class IterableFetcher:
         self.auto_collation = auto_collation
         self.drop_last = drop_last
         self.ended = False
+        self.items = 0  # drawn from ``iterator`` so far: a resume fast-forwards by this count
 
     def fetch(self, indices: Any) -> Any:
         if self.ended:
             raise StopIteration
         if not self.auto_collation:
-            return next(self.iterator)
+            item = next(self.iterator)
+            self.items += 1
+            return item
         samples = []
         for _ in indices:
             try:
@@ -46,6 +49,7 @@ class IterableFetcher:
             except StopIteration:
                 self.ended = True
                 break
+        self.items += len(samples)
         if not samples or (self.drop_last and len(samples) < len(indices)):
             raise StopIteration
         return samples

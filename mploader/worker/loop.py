@@ -44,6 +44,7 @@ from mploader.worker.messages import (
     TaskDone,
     WorkerReady,
 )
+from mploader.worker.resume import StateRecorder, WorkerSnapshot, restored_fetcher
 from mploader.worker.spec import WorkerSpec
 from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 
@@ -84,6 +85,7 @@ class WorkerLoop:
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag
         )
         self.released: list[tuple[int, int]] = []
+        self.recorder = StateRecorder(spec.dataset, spec.is_iterable) if spec.record_state else None
 
     def run(self) -> None:
         try:
@@ -114,19 +116,24 @@ class WorkerLoop:
         except Exception as error:
             self.init_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
         else:
-            self.start_epoch()
+            self.start_epoch(first=True)
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None))
         self.watchdog.start_thread()
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
 
-    def start_epoch(self) -> None:
-        """A fresh fetcher (for an iterable dataset: a fresh ``iter(dataset)``)."""
+    def start_epoch(self, first: bool = False) -> None:
+        """A fresh fetcher (for an iterable dataset: a fresh ``iter(dataset)``); in the first
+        epoch of a resumed or restarted worker, one restored where the state says."""
         spec = self.spec
         self.epoch_error = None
         try:
-            self.fetcher = make_fetcher(
-                spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last
-            )
+            if first and spec.restore is not None:
+                self.fetcher = restored_fetcher(spec.restore, spec.dataset, spec.is_iterable,
+                                                spec.auto_collation, spec.drop_last)
+            else:
+                self.fetcher = make_fetcher(
+                    spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last
+                )
         except Exception as error:
             self.fetcher = None
             self.epoch_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
@@ -224,7 +231,8 @@ class WorkerLoop:
                 self.send_error(task, leaked)
                 return
             self.exhausted = True
-            self.send(IterableExhausted(task.epoch, task.task_id, spec.worker_id))
+            self.send(IterableExhausted(task.epoch, task.task_id, spec.worker_id,
+                                        self.snapshot()))
             return
         except Exception as error:
             self.send_error(task, error)
@@ -243,12 +251,18 @@ class WorkerLoop:
             self.send_error(task, error)
             return
         timings = TaskTimings(started, fetched, time.monotonic())
-        done = TaskDone(task.epoch, task.task_id, spec.worker_id, timings=timings)
+        done = TaskDone(task.epoch, task.task_id, spec.worker_id, timings=timings,
+                        state=self.snapshot())
         self.send(done, payload)
 
     def send_error(self, task: Task, error: BaseException) -> None:
         remote = RemoteError.capture(error, self.spec.worker_id, self.pid, task.indices)
-        self.send(TaskDone(task.epoch, task.task_id, self.spec.worker_id, error=remote))
+        self.send(TaskDone(task.epoch, task.task_id, self.spec.worker_id, error=remote,
+                           state=self.snapshot()))
+
+    def snapshot(self) -> WorkerSnapshot | None:
+        """This worker's state right after its latest task, when the loader tracks state."""
+        return None if self.recorder is None else self.recorder.snapshot(self.fetcher)
 
     def send(self, message: Any, payload: bytes | None = None) -> None:
         if payload is not None and len(payload) >= SEPARATE_FRAME_BYTES:

@@ -11,7 +11,9 @@ Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO ord
 The *result pipe* carries, worker -> main:
 
     WorkerReady(worker_id, pid)             seeded, ``worker_init_fn`` and hooks ran (or failed)
-    TaskDone(epoch, task_id, payload, ...)  a batch (encoded by the channel) or a RemoteError
+    TaskDone(epoch, task_id, payload, ...)  a batch (encoded by the channel) or a RemoteError,
+                                            with the worker's state right after it (``state``, a
+                                            ``WorkerSnapshot`` or None: see ``worker.resume``)
     IterableExhausted(epoch, task_id)       the worker's dataset iterator ended at this task; the
                                             worker ignores its later tasks of this epoch
 
@@ -22,10 +24,13 @@ comes as the next raw frame on the same pipe, so a large batch is never copied i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mploader.errors import RemoteError
 from mploader.monitor.events import TaskTimings
+
+if TYPE_CHECKING:
+    from mploader.worker.resume import WorkerSnapshot
 
 
 @dataclass(slots=True)
@@ -66,6 +71,7 @@ class TaskDone:
     error: RemoteError | None = None
     payload_follows: bool = False
     timings: TaskTimings | None = None  # None when the task failed before it was fetched
+    state: WorkerSnapshot | None = None  # resume state tracking: the worker right after this task
 
 
 @dataclass(slots=True)
@@ -73,6 +79,7 @@ class IterableExhausted:
     epoch: int
     task_id: int
     worker_id: int
+    state: WorkerSnapshot | None = None
 
 
 # A payload at least this large travels as its own frame instead of inside the pickled header:

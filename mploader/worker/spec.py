@@ -9,6 +9,7 @@ from typing import Any
 from mploader.config import SharedMemoryConfig
 from mploader.worker.hooks import WorkerHooks
 from mploader.worker.inherited import InheritedFds
+from mploader.worker.resume import WorkerRestore
 
 
 @dataclass
@@ -31,3 +32,5 @@ class WorkerSpec:
     # Under fork, the main-process ends of *other* workers' pipes are inherited too; the worker
     # closes them so that a pipe's EOF means what it says.
     inherited_fds_to_close: InheritedFds = ()
+    record_state: bool = False  # send a WorkerSnapshot with each result (DataLoader.state_dict())
+    restore: WorkerRestore | None = None  # a resumed or restarted worker's state to start from

@@ -1,0 +1,151 @@
+"""The format of ``DataLoader.state_dict()``: its version, the loader arguments it must match, and
+the conversion of worker snapshots to and from plain values.
+
+A state is a dict of Python scalars, strings, lists, dicts and tensors (no numpy objects, no
+arbitrary objects), so it pickles, ``torch.save``\\ s and ``torch.load(weights_only=True)``\\ s::
+
+    {"format": "mploader.DataLoader", "version": 1,
+     "arguments": {...},      # what a loader that loads it must have been built with
+     "position": None | {...}} # None: taken before the first iter()
+
+``load_state_dict`` refuses a state of another format or version, and one whose arguments differ
+from the loader's, naming every difference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from mploader.worker.resume import WorkerSnapshot
+from mploader.worker.rng import RngState
+
+STATE_FORMAT = "mploader.DataLoader"
+STATE_VERSION = 1
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def loader_arguments(loader: Any) -> dict[str, Any]:
+    """What must be equal between the loader that made a state and the one that loads it."""
+    dataset = loader.dataset
+    is_iterable = isinstance(dataset, IterableDataset)
+    index_sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    return {
+        "dataset": _type_name(dataset),
+        "dataset_length": None if is_iterable else _length(dataset),
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "num_workers": loader.num_workers,
+        "persistent_workers": loader.persistent_workers,
+        "in_order": loader.in_order,
+        "sampler": _type_name(loader.sampler),
+        "batch_sampler": None if loader.batch_sampler is None else _type_name(loader.batch_sampler),
+        "sampler_length": None if is_iterable else _length(index_sampler),
+        "generator": loader.generator is not None,
+        "worker_threads": getattr(loader, "worker_threads", 1),
+    }
+
+
+def check_loadable(state: Any, arguments: dict[str, Any]) -> None:
+    """Raise a ``ValueError`` naming why ``state`` cannot be loaded by a loader with
+    ``arguments``; return if it can."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"load_state_dict: not a state made by mploader.DataLoader.state_dict() (its "
+            f"'format' is {found!r}, expected {STATE_FORMAT!r}); a torchdata StatefulDataLoader "
+            "state has another layout and cannot be loaded"
+        )
+    version = state.get("version")
+    if version != STATE_VERSION:
+        raise ValueError(
+            f"load_state_dict: this state has version {version!r}, but this mploader reads "
+            f"version {STATE_VERSION}; load it with the mploader version that made it"
+        )
+    saved = state.get("arguments", {})
+    differences = [
+        f"{name}: the state's loader had {saved.get(name)!r}, this one has {value!r}"
+        for name, value in arguments.items()
+        if saved.get(name) != value
+    ]
+    if differences:
+        raise ValueError(
+            "load_state_dict: this state was made by a DataLoader built with other arguments ("
+            + "; ".join(differences)
+            + "). Build the loader with the same dataset, sampler, batch_size, drop_last, "
+            "num_workers, persistent_workers and in_order as the one that made the state."
+        )
+
+
+def check_plain(value: Any, where: str = "state") -> None:
+    """Raise a ``TypeError`` naming the first value that is not a plain scalar, string, list,
+    tuple, dict with string keys or tensor."""
+    if isinstance(value, (*_SCALARS, torch.Tensor)):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"DataLoader.state_dict(): {where} has a key {key!r} of type "
+                                f"{type(key).__name__}; only str and int keys are plain")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, list | tuple):
+        for position, item in enumerate(value):
+            check_plain(item, f"{where}[{position}]")
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    raise TypeError(
+        f"DataLoader.state_dict(): {where} is a {kind}; a DataLoader state holds only Python "
+        "scalars, strings, lists, dicts and tensors. Make the state_dict() of your dataset or "
+        "sampler return those (int(x), x.tolist(), torch.from_numpy(x))."
+    )
+
+
+def snapshot_to_plain(snapshot: WorkerSnapshot | None, with_position: bool) -> dict[str, Any]:
+    """One worker's entry of a state: its generators and, within the epoch, its position."""
+    if snapshot is None:
+        return {"rng": None, "position": None}
+    position = None
+    if with_position and snapshot.has_position:
+        position = {
+            "items": snapshot.items,
+            "ended": snapshot.ended,
+            "dataset_state": snapshot.dataset_state,
+            "iterator_state": snapshot.iterator_state,
+        }
+    return {"rng": None if snapshot.rng is None else snapshot.rng.to_plain(), "position": position}
+
+
+def snapshot_from_plain(entry: dict[str, Any]) -> tuple[WorkerSnapshot | None, bool]:
+    """The worker snapshot of a state's entry, and whether it holds a position in the epoch."""
+    state = None if entry["rng"] is None else RngState.from_plain(entry["rng"])
+    position = entry["position"]
+    if position is None:
+        return (None if state is None else WorkerSnapshot(state)), False
+    snapshot = WorkerSnapshot(state, int(position["items"]), bool(position["ended"]),
+                              position["dataset_state"], position["iterator_state"])
+    return snapshot, True
+
+
+def generator_states(generators: list[torch.Generator]) -> list[torch.Tensor]:
+    return [generator.get_state() for generator in generators]
+
+
+def set_generator_states(generators: list[torch.Generator], states: list[torch.Tensor]) -> None:
+    for generator, state in zip(generators, states, strict=True):
+        generator.set_state(state)
+
+
+def _type_name(obj: Any) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _length(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:
+        return None

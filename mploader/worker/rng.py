@@ -1,0 +1,193 @@
+"""The three global random generators a dataset draws from: capture, restore, and notice change.
+
+A dataset's random augmentations draw from torch's, numpy's and Python's global generators inside
+a worker.  To resume with exactly the draws an uninterrupted run makes, a worker sends its
+generators' state with the batch it belongs to (see ``mploader.worker.resume``).  A full capture
+costs about 50 us (numpy's ``get_state`` builds a dict, Python's ``getstate`` a 625-int tuple),
+too much for every batch of a fast loader, so :class:`RngWatch` first compares cheap fingerprints
+(about 1 us in all) and captures only when a generator moved since the last capture:
+
+* torch: ``torch.get_rng_state()`` itself is cheap (a 5 KB copy); its bytes are the fingerprint.
+* numpy: the raw ``key``/``pos`` words of the global MT19937, read through the bit generator's
+  public ctypes ``state_address``.  Legacy ``RandomState`` also caches one Gaussian outside that
+  struct; while a capture shows a cached Gaussian, every later check captures in full.
+* Python: the ``index``/``state`` words of the global ``random.Random`` object, read at its
+  C struct's offset, plus its ``gauss_next``.
+
+Each fingerprint is verified once per process (a draw must change it, restoring the state must
+bring it back); where that fails, the watch falls back to full captures.
+
+States travel as :class:`RngState` (bytes, small ints): cheap to pickle.  ``to_plain`` and
+``from_plain`` convert to and from the tensors and ints of a ``state_dict()``.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:
+    import numpy as np
+except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency, optional for torch
+    np = None  # type: ignore[assignment]
+
+_MT_WORDS = 624
+_MT_BYTES = 4 + _MT_WORDS * 4  # numpy: key[624] then pos; Python: index then state[624]
+
+
+@dataclass(slots=True)
+class RngState:
+    """torch's, numpy's and Python's global generator states, compactly."""
+
+    torch: bytes
+    numpy: tuple[bytes, int, int, float] | None  # key words, pos, has_gauss, cached gaussian
+    python: tuple[int, bytes, float | None]  # version, 625 words (state + index), gauss_next
+
+    def to_plain(self) -> dict[str, Any]:
+        plain: dict[str, Any] = {
+            "torch": torch.frombuffer(bytearray(self.torch), dtype=torch.uint8),
+            "python": {
+                "version": self.python[0],
+                "words": array.array("I", self.python[1]).tolist(),
+                "gauss_next": self.python[2],
+            },
+            "numpy": None,
+        }
+        if self.numpy is not None:
+            key, pos, has_gauss, gauss = self.numpy
+            plain["numpy"] = {"key": array.array("I", key).tolist(), "pos": pos,
+                              "has_gauss": has_gauss, "gauss": gauss}
+        return plain
+
+    @staticmethod
+    def from_plain(plain: dict[str, Any]) -> RngState:
+        numpy_state = None
+        if plain["numpy"] is not None:
+            entry = plain["numpy"]
+            numpy_state = (array.array("I", entry["key"]).tobytes(), int(entry["pos"]),
+                           int(entry["has_gauss"]), float(entry["gauss"]))
+        python = plain["python"]
+        return RngState(
+            torch=bytes(plain["torch"].numpy().tobytes()),
+            numpy=numpy_state,
+            python=(int(python["version"]), array.array("I", python["words"]).tobytes(),
+                    python["gauss_next"]),
+        )
+
+
+def capture() -> RngState:
+    """The full state of the three global generators of this process."""
+    return RngState(torch=_torch_bytes(), numpy=_numpy_state(), python=_python_state())
+
+
+def restore(state: RngState) -> None:
+    """Put the three global generators of this process in ``state``."""
+    torch.set_rng_state(torch.frombuffer(bytearray(state.torch), dtype=torch.uint8))
+    if state.numpy is not None and np is not None:
+        key, pos, has_gauss, gauss = state.numpy
+        np.random.set_state(("MT19937", np.frombuffer(key, dtype=np.uint32).copy(), pos,
+                             has_gauss, gauss))
+    version, words, gauss_next = state.python
+    random.setstate((version, tuple(array.array("I", words)), gauss_next))
+
+
+def _torch_bytes() -> bytes:
+    return bytes(torch.get_rng_state().numpy().tobytes())
+
+
+def _numpy_state() -> tuple[bytes, int, int, float] | None:
+    if np is None:
+        return None
+    state: Any = np.random.get_state(legacy=True)
+    _name, key, pos, has_gauss, gauss = state
+    return (key.astype(np.uint32).tobytes(), int(pos), int(has_gauss), float(gauss))
+
+
+def _python_state() -> tuple[int, bytes, float | None]:
+    version, words, gauss_next = random.getstate()
+    return (version, array.array("I", words).tobytes(), gauss_next)
+
+
+class RngWatch:
+    """Says whether the global generators moved since the last capture, cheaply."""
+
+    def __init__(self) -> None:
+        self._numpy_print = _verified(_numpy_fingerprint(), _numpy_draw)
+        self._python_print = _verified(_python_fingerprint(), _python_draw)
+        self._last: tuple[bytes, bytes | None, Any] | None = None
+        self._numpy_gauss_cached = False
+
+    def capture_if_changed(self) -> RngState | None:
+        """The full state when any generator moved since the previous call, else ``None``.
+        The first call always captures."""
+        torch_now = _torch_bytes()
+        numpy_now = self._numpy_print() if self._numpy_print is not None else None
+        python_now = self._python_print() if self._python_print is not None else None
+        prints = (torch_now, numpy_now, python_now)
+        if (
+            self._last == prints
+            and numpy_now is not None
+            and python_now is not None
+            and not self._numpy_gauss_cached
+        ):
+            return None
+        state = RngState(torch=torch_now, numpy=_numpy_state(), python=_python_state())
+        self._numpy_gauss_cached = state.numpy is not None and state.numpy[2] != 0
+        self._last = prints
+        return state
+
+    def forget(self) -> None:
+        """The next ``capture_if_changed`` captures in full (after a restore, for instance)."""
+        self._last = None
+
+
+def _numpy_fingerprint() -> Callable[[], bytes] | None:
+    if np is None:
+        return None
+    try:
+        address = np.random.get_bit_generator().ctypes.state_address  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return None
+    if not isinstance(address, int):
+        return None
+    return lambda: ctypes.string_at(address, _MT_BYTES)
+
+
+def _python_fingerprint() -> Callable[[], Any] | None:
+    generator: Any = random.random.__self__  # type: ignore[attr-defined]  # the global Random
+    address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
+    if type(generator).__basicsize__ < object.__basicsize__ + _MT_BYTES:
+        return None
+    return lambda: (ctypes.string_at(address, _MT_BYTES), generator.gauss_next)
+
+
+def _numpy_draw() -> None:
+    if np is not None:
+        np.random.random()
+
+
+def _python_draw() -> None:
+    random.random()
+
+
+def _verified(fingerprint: Callable[[], Any] | None,
+              draw: Callable[[], None]) -> Callable[[], Any] | None:
+    """``fingerprint`` if a draw changes it and a restore brings it back, else ``None``."""
+    if fingerprint is None:
+        return None
+    saved = capture()
+    try:
+        before = fingerprint()
+        draw()
+        after = fingerprint()
+    finally:
+        restore(saved)
+    if before == after or fingerprint() != before:
+        return None
+    return fingerprint

@@ -1,0 +1,92 @@
+"""What ``load_state_dict`` refuses, and what ``state_dict`` says when it cannot give a state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from torch.utils.data import SequentialSampler
+
+import mploader
+
+from .scenarios import LENGTH, Augmented, NumpyState, Split, close, first_half, shuffled, streamed
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, Any]:
+    split = Split(0, 2)
+    first_half(shuffled, split)
+    return split.state
+
+
+def test_another_version_is_refused(state: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"this state has version 99, but this mploader reads "
+                                         r"version 1"):
+        shuffled().load_state_dict({**state, "version": 99})
+
+
+def test_a_state_of_another_format_is_refused() -> None:
+    torchdata_like = {"_snapshot": {}, "_steps_since_snapshot": 0, "_iterator_finished": False}
+    with pytest.raises(ValueError, match=r"not a state made by mploader\.DataLoader\.state_dict"):
+        shuffled().load_state_dict(torchdata_like)
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (dict(batch_size=4), r"batch_size: the state's loader had 3, this one has 4"),
+    (dict(num_workers=1), r"num_workers: the state's loader had 2, this one has 1"),
+    (dict(dataset=Augmented(LENGTH + 1)), r"dataset_length: the state's loader had 20, this one "
+                                          r"has 21"),
+    (dict(shuffle=False, sampler=SequentialSampler(range(LENGTH))),
+     r"sampler: the state's loader had 'torch\.utils\.data\.sampler\.RandomSampler', this one has "
+     r"'torch\.utils\.data\.sampler\.SequentialSampler'"),
+    (dict(in_order=False), r"in_order: the state's loader had True, this one has False"),
+    (dict(drop_last=True), r"drop_last: the state's loader had False, this one has True"),
+])
+def test_other_arguments_are_refused_by_name(state: dict[str, Any], overrides: dict[str, Any],
+                                             named: str) -> None:
+    if "sampler" in overrides:
+        overrides = {**overrides, "shuffle": None}
+    loader = shuffled(**overrides)
+    with pytest.raises(ValueError, match=named):
+        loader.load_state_dict(state)
+
+
+def test_a_dataset_state_that_is_not_plain_is_named() -> None:
+    loader = streamed(dataset=NumpyState())
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(TypeError, match=r"state\['position'\]\['workers'\]\[0\]\['position'\]"
+                                        r"\['dataset_state'\]\['position'\] is a numpy\.int64"):
+        loader.state_dict()
+    del iterator
+    close(loader)
+
+
+def test_tracking_off_has_no_state() -> None:
+    loader = shuffled(snapshot_every_n_steps=None)
+    with pytest.raises(RuntimeError, match=r"snapshot_every_n_steps=None turned off"):
+        loader.state_dict()
+    with pytest.raises(ValueError, match=r"snapshot_every_n_steps option should be"):
+        shuffled(snapshot_every_n_steps=-1)
+
+
+def test_a_state_before_any_iteration_and_an_empty_one_load_nothing() -> None:
+    expected = [[batch.tolist() for batch in shuffled()]]
+    fresh = shuffled().state_dict()
+    assert fresh["position"] is None
+    loader = shuffled()
+    loader.load_state_dict(fresh)
+    loader.load_state_dict({})
+    assert loader.state_dict()["position"] is None
+    assert [[batch.tolist() for batch in loader]] == expected
+
+
+def test_the_state_after_loading_is_the_loaded_one(state: dict[str, Any]) -> None:
+    loader = shuffled()
+    loader.load_state_dict(state)
+    again = loader.state_dict()
+    assert again["position"]["resume_at"] == state["position"]["resume_at"] == 2
+
+
+def test_the_torch_loader_api_is_unchanged() -> None:
+    assert isinstance(shuffled(), mploader.DataLoader)
