@@ -65,6 +65,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
       off, and with it ``state_dict()``.
 
     ``state_dict()`` / ``load_state_dict(state)``: mid-epoch resume (see :meth:`state_dict`).
+    * ``worker_threads``: each worker process runs up to this many fetches at once on its own
+      threads (network-bound datasets), each fetch thread with its own session; the batches and
+      their order are unchanged.  Map-style datasets only.
     """
 
     dataset: Dataset[T_co]  # type: ignore[assignment]
@@ -95,6 +98,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         max_worker_restarts: int = 0,
         trace: str | os.PathLike[str] | None = None,
         snapshot_every_n_steps: int | None = 1,
+        worker_threads: int = 1,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -117,6 +121,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_additions(dataset, worker_hooks, shared_memory, max_worker_restarts)
         _check_snapshot_every_n_steps(snapshot_every_n_steps)
+        _check_worker_threads(dataset, worker_threads)
 
         self.dataset = dataset
         self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
@@ -133,6 +138,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.max_worker_restarts = max_worker_restarts
         self.trace = os.fspath(trace) if trace is not None else None
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.worker_threads = worker_threads
 
         if isinstance(dataset, IterableDataset):
             if shuffle not in {False, None}:
@@ -397,3 +403,20 @@ def _check_additions(
     from mploader.config import resolve_shared_memory
 
     resolve_shared_memory(shared_memory)  # raises TypeError for anything else
+
+
+def _check_worker_threads(dataset: Any, worker_threads: Any) -> None:
+    if isinstance(worker_threads, bool) or not isinstance(worker_threads, int) or (
+        worker_threads < 1
+    ):
+        raise ValueError(
+            "worker_threads option should be a positive integer (the number of fetches each "
+            f"worker runs at once; 1 = one at a time), but got worker_threads={worker_threads!r}"
+        )
+    if worker_threads > 1 and isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"worker_threads={worker_threads} needs a map-style dataset: an IterableDataset is "
+            "read through one iterator per worker, whose next() calls cannot run concurrently "
+            "and whose order decides the batches; use worker_threads=1 with an IterableDataset "
+            "(or more num_workers), or make the dataset map-style (__getitem__ and __len__)"
+        )

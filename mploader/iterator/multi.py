@@ -12,10 +12,11 @@
     (iterator/multi.py, iterator/task_table.py  |  process/group.py, process/pipes.py  |
      worker/loop.py, worker/messages.py  |  channel/: encode in the worker, decode here)
 
-``prefetch_factor * num_workers`` tasks are in flight (dispatched and not yet delivered); each
-delivered batch dispatches one more, exactly when torch does, so that the same sampler, generator
-and settings give the same batches in the same order.  ``__next__`` reads as the steps it takes:
-deliver what is ready, else end the epoch if nothing can come, else wait and handle what arrives.
+``prefetch_factor * num_workers * worker_threads`` tasks are in flight (dispatched and not yet
+delivered); each delivered batch dispatches one more, exactly when torch does, so that the same
+sampler, generator and settings give the same batches in the same order.  ``__next__`` reads as the
+steps it takes: deliver what is ready, else end the epoch if nothing can come, else wait and handle
+what arrives.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class MultiProcessIterator(BaseIterator):
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
             )
         self._prefetch_factor = settings.prefetch_factor
+        self._worker_threads = settings.worker_threads  # each worker runs that many tasks at once
         self._in_order = settings.in_order
         self._table = TaskTable(settings.in_order)
         self._tag = new_loader_tag()
@@ -104,6 +106,7 @@ class MultiProcessIterator(BaseIterator):
             parent_pid=os.getpid(),
             epoch=0,
             record_state=self._tracker is not None,
+            worker_threads=settings.worker_threads,
         )
 
     # -- what code that reaches in expects (Lightning, tests) ------------------------------------
@@ -127,7 +130,7 @@ class MultiProcessIterator(BaseIterator):
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         if first_iter and self._resume_plan is not None:
             self._resume_epoch(self._resume_plan)
-        for _ in range(self._prefetch_factor * self._num_workers):
+        for _ in range(self._prefetch_factor * self._num_workers * self._worker_threads):
             self._dispatch_one()
 
     def _resume_epoch(self, plan: ResumePlan) -> None:

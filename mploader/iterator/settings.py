@@ -38,6 +38,7 @@ class LoaderSettings:
     max_worker_restarts: int
     trace: str | None
     resume: Any = None  # the loader's ResumeTracker; None: no state tracking (or a torch loader)
+    worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
 
     @property
     def uses_default_collate(self) -> bool:
@@ -69,4 +70,5 @@ def settings_of(loader: Any) -> LoaderSettings:
         max_worker_restarts=getattr(loader, "max_worker_restarts", 0),
         trace=getattr(loader, "trace", None),
         resume=getattr(loader, "resume_tracker", None),
+        worker_threads=getattr(loader, "worker_threads", 1),
     )

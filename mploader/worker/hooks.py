@@ -7,6 +7,12 @@ made in another process is never used, and an inherited value is *dropped withou
 closing it in the child would sign the parent's session out.  Dropped values are parked in
 :data:`_inherited` for the life of the process so that their own finalisers (``Session.__del__``
 releases the session on the server) never run in the child.
+
+With ``worker_threads > 1`` a worker runs several fetches at once, one per fetch thread, and a
+database session is not thread-safe either (NebulaGraph's is not): each fetch thread gets its own
+session, made by ``create_session`` on first use in that thread and closed by that thread when the
+worker exits.  Every other thread of the worker (and every thread with ``worker_threads=1``)
+shares the process's one session, as before.
 """
 
 from __future__ import annotations
@@ -39,14 +45,16 @@ class WorkerHooks:
         """Before the worker's first task (after seeding and ``worker_init_fn``)."""
 
     def create_session(self, info: WorkerInfo) -> Any:
-        """Return this worker's session; called lazily by the first :func:`worker_session`."""
+        """Return a new session; called lazily by the first :func:`worker_session` of the worker
+        (with ``worker_threads > 1``: of each fetch thread, which then owns that session)."""
         raise NotImplementedError(
             f"{type(self).__name__} does not define create_session(); override it to use "
             "mploader.worker_session()"
         )
 
     def close_session(self, session: Any, info: WorkerInfo) -> None:
-        """Close ``session``; called once at worker exit for a session this process created."""
+        """Close ``session``; called once at worker exit for a session this process created
+        (for a fetch thread's session: on that thread, before the process's own session)."""
 
     def drop_inherited_session(self, session: Any) -> None:
         """Make an inherited (forked) session harmless without contacting the server.
@@ -74,6 +82,18 @@ class _SessionSlot:
 _slot = _SessionSlot()
 
 
+class _ThreadSession:
+    """A fetch thread's own session (``worker_threads > 1``), made with the active hooks."""
+
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.pid: int | None = None
+
+
+# Set in fetch threads only: their own session slot.
+_fetch_thread = threading.local()
+
+
 def activate_hooks(hooks: WorkerHooks | None, info: WorkerInfo) -> None:
     """Make ``hooks`` the active hooks of this process and run their ``setup``."""
     _forget_inherited_session()
@@ -96,11 +116,15 @@ def deactivate_hooks() -> None:
 
 
 def worker_session() -> Any:
-    """The current process's session, created on first call through the active hooks.
+    """The current process's session, created on first call through the active hooks; in a
+    fetch thread (``worker_threads > 1``) the calling thread's own session.
 
     Re-created when the pid changes (a forked grandchild, a new non-persistent worker); a session
     made by another process is dropped without being closed.
     """
+    own = getattr(_fetch_thread, "slot", None)
+    if own is not None:
+        return _thread_session(own)
     with _slot.lock:
         _forget_inherited_session()
         if _slot.session is not None:
@@ -125,6 +149,45 @@ def close_worker_session() -> None:
         _slot.pid = None
     if session is not None and hooks is not None and info is not None:
         hooks.close_session(session, info)
+
+
+def enter_fetch_thread() -> None:
+    """The calling thread is a fetch thread: from now on it gets its own session."""
+    _fetch_thread.slot = _ThreadSession()
+
+
+def leave_fetch_thread() -> None:
+    """Close the calling fetch thread's session, if it made one (on this thread); idempotent."""
+    own: _ThreadSession | None = getattr(_fetch_thread, "slot", None)
+    _fetch_thread.slot = None
+    if own is None or own.session is None:
+        return
+    session, hooks, info = own.session, _slot.hooks, _slot.info
+    own.session = None
+    if own.pid != os.getpid():
+        (hooks or WorkerHooks()).drop_inherited_session(session)
+    elif hooks is not None and info is not None:
+        try:
+            hooks.close_session(session, info)
+        except Exception:
+            _log.exception("closing the session of %s failed", threading.current_thread().name)
+
+
+def _thread_session(own: _ThreadSession) -> Any:
+    if own.session is not None and own.pid != os.getpid():  # this thread forked: not ours
+        inherited, own.session, own.pid = own.session, None, None
+        (_slot.hooks or WorkerHooks()).drop_inherited_session(inherited)
+    if own.session is None:
+        hooks, info = _slot.hooks, _slot.info
+        if hooks is None or info is None:
+            raise RuntimeError(
+                "mploader.worker_session() needs active worker hooks: pass "
+                "DataLoader(..., worker_hooks=YourHooks()) and call it while iterating"
+            )
+        own.session = hooks.create_session(info)
+        own.pid = os.getpid()
+        _log.debug("created session in pid %d, %s", own.pid, threading.current_thread().name)
+    return own.session
 
 
 def _forget_inherited_session() -> None:

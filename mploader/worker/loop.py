@@ -9,6 +9,10 @@ gets exactly one reply: ``TaskDone`` (a payload or an error) or ``IterableExhaus
 exhaustion the worker ignores the rest of the epoch's tasks, as torch's does. ``Stop`` or EOF ends
 the loop; so does the main process's death (watchdog). On the way out the worker closes its
 session, runs ``teardown``, closes process-local values and its shared-memory blocks.
+
+With ``worker_threads > 1`` a task's fetch runs on fetch threads (``mploader.worker.threads``);
+the loop waits on the task pipe and on finished fetches together, and replies to each finished
+fetch (collate, encode, send) on this thread, so the pipes and the channel stay single-threaded.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import signal
 import sys
 import time
 from collections import deque
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
@@ -46,6 +50,7 @@ from mploader.worker.messages import (
 )
 from mploader.worker.resume import StateRecorder, WorkerSnapshot, restored_fetcher
 from mploader.worker.spec import WorkerSpec
+from mploader.worker.threads import FetchThreads, FinishedFetch
 from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 
 _log = logging.getLogger("mploader")
@@ -86,6 +91,7 @@ class WorkerLoop:
         )
         self.released: list[tuple[int, int]] = []
         self.recorder = StateRecorder(spec.dataset, spec.is_iterable) if spec.record_state else None
+        self.fetch_threads: FetchThreads | None = None  # worker_threads > 1, once started
 
     def run(self) -> None:
         try:
@@ -117,6 +123,10 @@ class WorkerLoop:
             self.init_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
         else:
             self.start_epoch(first=True)
+            if spec.worker_threads > 1:
+                self.fetch_threads = FetchThreads(
+                    spec.worker_threads, spec.dataset, spec.auto_collation
+                )
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None))
         self.watchdog.start_thread()
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
@@ -139,7 +149,11 @@ class WorkerLoop:
             self.epoch_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
 
     def finish(self) -> None:
-        for step in (deactivate_hooks, close_process_locals, self.channel.close):
+        # Fetch threads first: each closes its own session while the hooks are still active.
+        close_threads = self.fetch_threads.close if self.fetch_threads else None
+        for step in (close_threads, deactivate_hooks, close_process_locals, self.channel.close):
+            if step is None:
+                continue
             try:
                 step()
             except Exception:
@@ -157,9 +171,18 @@ class WorkerLoop:
         return self.inbox.popleft()
 
     def read_pipe(self, timeout: float) -> bool:
-        """Move every frame already in the pipe into the inbox, waiting up to ``timeout``."""
-        if not self.tasks.poll(timeout):
-            return False
+        """Move every frame already in the pipe (and every finished fetch) into the inbox,
+        waiting up to ``timeout``."""
+        if self.fetch_threads is None:
+            if not self.tasks.poll(timeout):
+                return False
+        else:
+            ready = wait([self.tasks, self.fetch_threads.fileno()], timeout)
+            if not ready:
+                return False
+            self.inbox.extend(self.fetch_threads.take_finished())
+            if self.tasks not in ready:
+                return True
         while True:
             try:
                 message = pickle.loads(self.tasks.recv_bytes())
@@ -175,7 +198,9 @@ class WorkerLoop:
             self.released.extend(message.blocks)
             return
         if isinstance(message, Stop):  # nobody will read the results of queued tasks
-            self.inbox = deque(m for m in self.inbox if not isinstance(m, Task))
+            self.inbox = deque(
+                m for m in self.inbox if not isinstance(m, Task | FinishedFetch)
+            )
         self.inbox.append(message)
 
     def apply_releases(self) -> None:
@@ -207,6 +232,9 @@ class WorkerLoop:
         if isinstance(message, Task):
             if message.epoch == self.epoch and not self.exhausted:
                 self.run_task(message)
+        elif isinstance(message, FinishedFetch):
+            if message.task.epoch == self.epoch:  # else a new epoch began: nobody wants it
+                self.reply_fetched(message)
         elif isinstance(message, Resume):
             self.epoch = message.epoch
             self.exhausted = False
@@ -223,6 +251,9 @@ class WorkerLoop:
             failure.indices = task.indices
             self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=failure))
             return
+        if self.fetch_threads is not None:
+            self.fetch_threads.submit(task, self.fetcher)  # type: ignore[arg-type]  # map-style
+            return
         started = time.monotonic()  # CLOCK_MONOTONIC: comparable with the main process's
         try:
             samples = self.fetcher.fetch(task.indices)
@@ -237,7 +268,21 @@ class WorkerLoop:
         except Exception as error:
             self.send_error(task, error)
             return
-        fetched = time.monotonic()
+        self.reply(task, samples, started, time.monotonic())
+
+    def reply_fetched(self, finished: FinishedFetch) -> None:
+        """A fetch thread's task is fetched: reply as ``run_task`` does for its own fetches."""
+        error = finished.error
+        if error is not None:
+            if not isinstance(error, Exception):  # SystemExit and the like end the worker
+                raise error
+            self.send_error(finished.task, error)  # a leaked StopIteration too: map-style
+            return
+        self.reply(finished.task, finished.samples, finished.started, finished.fetched)
+
+    def reply(self, task: Task, samples: Any, started: float, fetched: float) -> None:
+        """Collate and encode fetched samples, and send them as the task's result."""
+        spec = self.spec
         try:
             if spec.auto_collation and spec.uses_default_collate:
                 payload = self.channel.collate_and_encode(samples, self.wait_for_release)

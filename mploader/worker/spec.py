@@ -34,3 +34,4 @@ class WorkerSpec:
     inherited_fds_to_close: InheritedFds = ()
     record_state: bool = False  # send a WorkerSnapshot with each result (DataLoader.state_dict())
     restore: WorkerRestore | None = None  # a resumed or restarted worker's state to start from
+    worker_threads: int = 1  # > 1: fetch on that many threads (mploader.worker.threads)
