@@ -29,6 +29,7 @@ test: lint
 
 bench: setup
 	$(PY) benchmarks/versus.py
+	$(PY) benchmarks/threads.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
 from mploader.loader import DataLoader
 from mploader.worker.hooks import ProcessLocal, WorkerHooks, worker_session
 from mploader.worker.info import WorkerInfo, get_worker_info
+from mploader.worker.item_random import item_generator
 
 __all__ = [
     "DataLoader",
@@ -26,6 +27,7 @@ __all__ = [
     "get_worker_info",
     "install",
     "is_installed",
+    "item_generator",
     "uninstall",
     "worker_session",
 ]

@@ -16,6 +16,7 @@ from mploader.iterator.settings import LoaderSettings
 from mploader.worker.fetch import make_fetcher
 from mploader.worker.hooks import activate_hooks, deactivate_hooks
 from mploader.worker.info import make_worker_info
+from mploader.worker.item_random import TaskSeed
 from mploader.worker.resume import restored_fetcher
 
 
@@ -52,7 +53,8 @@ class SingleProcessIterator(BaseIterator):
             indices = self._next_index()
             if tracker is not None:
                 tracker.drawn(tracker.resume_at, self._sampler_iter)
-            data = self._collate_fn(self._fetcher.fetch(indices))
+            seed = TaskSeed(self._base_seed, 0, self._task_number())  # for item_generator()
+            data = self._collate_fn(self._fetcher.fetch(indices, seed))
         except StopIteration:
             self._close_hooks()
             if tracker is not None:
@@ -67,6 +69,10 @@ class SingleProcessIterator(BaseIterator):
         if self._pin_memory:
             data = pin_batch(data, self._pin_memory_device)
         return data
+
+    def _task_number(self) -> int:
+        """This batch's number in the epoch (a resumed epoch continues the interrupted one's)."""
+        return self._tracker.resume_at if self._tracker is not None else self._num_yielded
 
     def _close_hooks(self) -> None:
         if self._hooks_active:

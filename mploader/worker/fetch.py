@@ -1,7 +1,8 @@
 """Fetching samples for a task, as torch's fetchers do, with collation kept separate.
 
 Separating fetch from collate lets the worker collate straight into a shared-memory block when the
-collate function is torch's ``default_collate``.
+collate function is torch's ``default_collate``.  While an item is fetched, its position in the
+task is published for ``mploader.item_generator()`` (``mploader.worker.item_random``).
 """
 
 from __future__ import annotations
@@ -9,20 +10,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from mploader.worker.item_random import TaskSeed, enter_item, leave_item
+
 
 class MapFetcher:
     def __init__(self, dataset: Any, auto_collation: bool) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
 
-    def fetch(self, indices: Any) -> Any:
-        """A list of samples under auto-collation, else the one item for ``indices``."""
-        if not self.auto_collation:
-            return self.dataset[indices]
-        get_items = getattr(self.dataset, "__getitems__", None)
-        if get_items:
-            return get_items(indices)
-        return [self.dataset[index] for index in indices]
+    def fetch(self, indices: Any, task: TaskSeed | None = None, first_position: int = 0) -> Any:
+        """A list of samples under auto-collation, else the one item for ``indices``.
+
+        ``first_position``: where ``indices`` start in the task's batch (a fetch thread's part).
+        """
+        try:
+            if not self.auto_collation:
+                enter_item(task, first_position)
+                return self.dataset[indices]
+            get_items = getattr(self.dataset, "__getitems__", None)
+            if get_items:
+                enter_item(task, first_position)
+                return get_items(indices)
+            samples = []
+            for position, index in enumerate(indices, first_position):
+                enter_item(task, position)
+                samples.append(self.dataset[index])
+            return samples
+        finally:
+            leave_item()
 
 
 class IterableFetcher:
@@ -35,20 +50,25 @@ class IterableFetcher:
         self.ended = False
         self.items = 0  # drawn from ``iterator`` so far: a resume fast-forwards by this count
 
-    def fetch(self, indices: Any) -> Any:
+    def fetch(self, indices: Any, task: TaskSeed | None = None, first_position: int = 0) -> Any:
         if self.ended:
             raise StopIteration
-        if not self.auto_collation:
-            item = next(self.iterator)
-            self.items += 1
-            return item
-        samples = []
-        for _ in indices:
-            try:
-                samples.append(next(self.iterator))
-            except StopIteration:
-                self.ended = True
-                break
+        try:
+            if not self.auto_collation:
+                enter_item(task, 0)
+                item = next(self.iterator)
+                self.items += 1
+                return item
+            samples = []
+            for position, _ in enumerate(indices):
+                enter_item(task, position)
+                try:
+                    samples.append(next(self.iterator))
+                except StopIteration:
+                    self.ended = True
+                    break
+        finally:
+            leave_item()
         self.items += len(samples)
         if not samples or (self.drop_last and len(samples) < len(indices)):
             raise StopIteration

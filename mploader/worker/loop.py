@@ -37,6 +37,7 @@ from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
 from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
 from mploader.worker.inherited import close_inherited
+from mploader.worker.item_random import TaskSeed
 from mploader.worker.memory import keep_large_allocations_on_heap
 from mploader.worker.messages import (
     SEPARATE_FRAME_BYTES,
@@ -252,11 +253,12 @@ class WorkerLoop:
             self.send(TaskDone(task.epoch, task.task_id, spec.worker_id, error=failure))
             return
         if self.fetch_threads is not None:
-            self.fetch_threads.submit(task, self.fetcher)  # type: ignore[arg-type]  # map-style
+            assert isinstance(self.fetcher, MapFetcher)  # the loader refuses iterable datasets
+            self.fetch_threads.submit(task, self.fetcher, self.task_seed(task))
             return
         started = time.monotonic()  # CLOCK_MONOTONIC: comparable with the main process's
         try:
-            samples = self.fetcher.fetch(task.indices)
+            samples = self.fetcher.fetch(task.indices, self.task_seed(task))
         except StopIteration as leaked:
             if not spec.is_iterable:  # leaked from __getitem__: an error of this batch, as in torch
                 self.send_error(task, leaked)
@@ -269,6 +271,10 @@ class WorkerLoop:
             self.send_error(task, error)
             return
         self.reply(task, samples, started, time.monotonic())
+
+    def task_seed(self, task: Task) -> TaskSeed:
+        """What ``mploader.item_generator()`` is seeded from for this task's items."""
+        return TaskSeed(self.spec.base_seed + self.spec.worker_id, task.epoch, task.task_id)
 
     def reply_fetched(self, finished: FinishedFetch) -> None:
         """A fetch thread's task is fetched: reply as ``run_task`` does for its own fetches."""

@@ -38,6 +38,7 @@ from typing import Any
 
 from mploader.worker.fetch import MapFetcher
 from mploader.worker.hooks import enter_fetch_thread, leave_fetch_thread
+from mploader.worker.item_random import TaskSeed
 from mploader.worker.messages import Task
 
 _log = logging.getLogger("mploader")
@@ -76,6 +77,7 @@ class _Job:
 
     task: Task
     fetcher: MapFetcher
+    seed: TaskSeed
     parts: list[Any]
     split: bool  # parts are lists of samples to concatenate; else the one part is the result
     remaining: int
@@ -86,8 +88,9 @@ class _Job:
 @dataclass(slots=True)
 class _Part:
     job: _Job
-    position: int
+    position: int  # the part's number in its task
     indices: Any
+    first_item: int  # where its indices start in the task's batch
 
 
 class FetchThreads:
@@ -123,13 +126,15 @@ class FetchThreads:
         """Readable when a fetch has finished (for ``multiprocessing.connection.wait``)."""
         return self._wake_reader
 
-    def submit(self, task: Task, fetcher: MapFetcher) -> None:
+    def submit(self, task: Task, fetcher: MapFetcher, seed: TaskSeed) -> None:
         """Queue ``task``'s fetch, split into parts when it is a batch that may be split."""
         split = self.auto_collation and self.split_getitems
         pieces = self._split(task.indices) if split else [task.indices]
-        job = _Job(task, fetcher, [None] * len(pieces), split, remaining=len(pieces))
+        job = _Job(task, fetcher, seed, [None] * len(pieces), split, remaining=len(pieces))
+        first_item = 0
         for position, indices in enumerate(pieces):
-            self._parts.put(_Part(job, position, indices))
+            self._parts.put(_Part(job, position, indices, first_item))
+            first_item += len(indices) if split else 0
 
     def take_finished(self) -> list[FinishedFetch]:
         """Every fetch finished since the last call (the wake pipe is drained)."""
@@ -203,7 +208,7 @@ class FetchThreads:
         result: Any = None
         error: BaseException | None = None
         try:
-            result = job.fetcher.fetch(part.indices)
+            result = job.fetcher.fetch(part.indices, job.seed, part.first_item)
         except BaseException as raised:  # the loop decides: an Exception fails the batch only
             error = raised
         with self._lock:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import torch
@@ -61,3 +63,22 @@ class FetchFeatures(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         features, labels = self.store.fetch([index])
         return features[0], labels[0]
+
+
+class YieldPerFetchThread(Dataset):
+    """Item i waits ``delay`` s (so every fetch thread gets work), then asks ``YIELD i`` through
+    the calling thread's session; the row says which process, thread and session answered."""
+
+    def __init__(self, length: int, delay: float = 0.01) -> None:
+        self.length = length
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        session = mploader.worker_session()
+        value = session.execute(f"YIELD {index} AS q").rows()[0].values[0].get_iVal()
+        return torch.tensor([index, value, os.getpid(), threading.get_ident(),
+                             session.session_id])

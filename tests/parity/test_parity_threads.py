@@ -126,3 +126,33 @@ def test_iterable_datasets_cannot_be_fetched_concurrently() -> None:
                                          r"IterableDataset is read through one iterator"):
         mploader.DataLoader(CountingIterable(8), num_workers=2, worker_threads=4)
     mploader.DataLoader(CountingIterable(8), num_workers=2, worker_threads=1)  # the default
+
+
+class RandomPerItem(Sized):
+    """Item ``i``: its index and three draws from ``mploader.item_generator()``."""
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        time.sleep((index * 7 % 5) / 1000)
+        return {"index": index, "draws": torch.rand(3, generator=mploader.item_generator())}
+
+
+def test_item_generator_draws_do_not_depend_on_threads_or_timing() -> None:
+    def epochs(threads: int) -> list[list[Any]]:
+        loader = mploader.DataLoader(RandomPerItem(24), batch_size=4, shuffle=True,
+                                     generator=_generator(), num_workers=2,
+                                     persistent_workers=True, worker_threads=threads,
+                                     multiprocessing_context="fork")
+        return [list(loader) for _ in range(2)]
+
+    one, four = epochs(1), epochs(4)
+    for epoch in range(2):
+        assert_same_batches(one[epoch], four[epoch], f"epoch {epoch}")
+    draws = torch.cat([batch["draws"] for epoch in one for batch in epoch])
+    assert len({tuple(row.tolist()) for row in draws}) == 48  # every item, every epoch differs
+
+
+def test_item_generator_outside_a_fetch_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"only available while a mploader.DataLoader fetches"):
+        mploader.item_generator()
+    batches = list(mploader.DataLoader(RandomPerItem(4), batch_size=2))  # num_workers=0 too
+    assert batches[0]["draws"].shape == (2, 3)

@@ -1,0 +1,80 @@
+"""``worker_threads``: one NebulaGraph session per fetch thread, against the bundled graphd.
+
+nebula3 sessions are not thread-safe (one socket, replies matched by order), so T fetch threads
+per worker need T sessions per worker: none shared between threads or processes, every answer
+its own query's under concurrent queries, and every session signed out when the workers exit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+
+import mploader
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+
+from .loader_datasets import FetchFeatures, YieldPerFetchThread
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+THREADS = 4
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_each_fetch_thread_has_its_own_session_closed_at_exit(
+    nebula_server: NebulaTarget, nebula_admin: Any, start_method: str
+) -> None:
+    before = session_ids(nebula_admin)
+    loader = mploader.DataLoader(
+        YieldPerFetchThread(160), batch_size=8, num_workers=2, worker_threads=THREADS,
+        multiprocessing_context=start_method, worker_hooks=nebula_server.hooks(),
+    )
+    rows = torch.cat(list(loader))
+    assert rows[:, 0].tolist() == list(range(160))
+    assert torch.equal(rows[:, 0], rows[:, 1]), "a reply went to another thread's query"
+    sessions_of_thread: dict[tuple[int, int], set[int]] = defaultdict(set)
+    threads_of_session: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for _, _, pid, thread, session in rows.tolist():
+        sessions_of_thread[(pid, thread)].add(session)
+        threads_of_session[session].add((pid, thread))
+    assert all(len(sessions) == 1 for sessions in sessions_of_thread.values())  # made once
+    assert all(len(owners) == 1 for owners in threads_of_session.values())  # never shared
+    pids = {pid for pid, _ in sessions_of_thread}
+    assert len(pids) == 2
+    for pid in pids:  # T threads per worker, each with its own session
+        assert sum(1 for owner in sessions_of_thread if owner[0] == pid) == THREADS
+    assert len(threads_of_session) == 2 * THREADS
+    assert wait_for(lambda: session_ids(nebula_admin) == before)  # all signed out at exit
+
+
+def test_persistent_workers_keep_their_thread_sessions_across_epochs(
+    nebula_server: NebulaTarget, nebula_admin: Any
+) -> None:
+    before = session_ids(nebula_admin)
+    loader = mploader.DataLoader(
+        YieldPerFetchThread(48), batch_size=4, num_workers=2, worker_threads=3,
+        persistent_workers=True, worker_hooks=nebula_server.hooks(),
+        multiprocessing_context="fork",
+    )
+    epochs = [torch.cat(list(loader)) for _ in range(2)]
+    assert all(torch.equal(rows[:, 0], rows[:, 1]) for rows in epochs)
+    first, second = ({int(s) for s in rows[:, 4]} for rows in epochs)
+    assert first == second and len(first) == 2 * 3
+    assert first <= session_ids(nebula_admin)  # open between epochs
+    loader._iterator._shutdown_workers()
+    assert wait_for(lambda: session_ids(nebula_admin) == before)
+
+
+def test_feature_store_works_unchanged_with_fetch_threads(nebula_server: NebulaTarget) -> None:
+    loader = mploader.DataLoader(
+        FetchFeatures(nebula_server.feature_store(), 96), batch_size=16, num_workers=2,
+        worker_threads=4, worker_hooks=nebula_server.hooks(), multiprocessing_context="fork",
+    )
+    batches = list(loader)
+    graph = nebula_server.graph
+    assert torch.equal(torch.cat([b[0] for b in batches]), torch.from_numpy(graph.features[:96]))
+    assert torch.equal(torch.cat([b[1] for b in batches]), torch.from_numpy(graph.labels[:96]))
