@@ -156,3 +156,26 @@ def test_item_generator_outside_a_fetch_is_a_clear_error() -> None:
         mploader.item_generator()
     batches = list(mploader.DataLoader(RandomPerItem(4), batch_size=2))  # num_workers=0 too
     assert batches[0]["draws"].shape == (2, 3)
+
+
+def test_mid_epoch_resume_with_threads_gives_the_rest_of_the_epoch() -> None:
+    """state_dict() after 5 batches, loaded into a fresh loader: the batches the uninterrupted
+    run gives after its 5th (the worker each comes from included), then the same next epoch."""
+
+    def make() -> Any:
+        return mploader.DataLoader(WhoFetched(40), batch_size=3, shuffle=True,
+                                   generator=_generator(), num_workers=2, worker_threads=3,
+                                   multiprocessing_context="fork")
+
+    uninterrupted = make()
+    expected = [list(uninterrupted) for _ in range(2)]
+    interrupted = make()
+    iterator = iter(interrupted)
+    head = [next(iterator) for _ in range(5)]
+    state = interrupted.state_dict()
+    del iterator
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(expected[0][:5], head, "before the state")
+    assert_same_batches(expected[0][5:], list(resumed), "resumed epoch")
+    assert_same_batches(expected[1], list(resumed), "next epoch")
