@@ -145,13 +145,11 @@ class MultiProcessIterator(BaseIterator):
         """The next task's indices, passing over those a resumed epoch delivered before."""
         indices = self._next_index()
         tracker = self._tracker
-        if tracker is None:
+        if tracker is None or not tracker.watches_draws:
             return indices
-        tracker.drawn(self._table.next_task_id, self._sampler_iter)
-        while tracker.delivered_before(self._table.next_task_id):
+        while tracker.drawn(self._table.next_task_id, self._sampler_iter):
             self._table.skip_id()
             indices = self._next_index()
-            tracker.drawn(self._table.next_task_id, self._sampler_iter)
         return indices
 
     def _dispatch_one(self) -> None:

@@ -147,6 +147,8 @@ class ResumeTracker:
         self.delivered_after: set[int] = set()
         self.sampler_states: deque[tuple[int, Any]] = deque()  # (task id, state after its draw)
         self.iterator_has_state: bool | None = None
+        self.skip_ids: set[int] = set()  # a resumed epoch's tasks delivered before the state
+        self.watches_draws = False  # draws need drawn(): a stateful sampler, or ids to skip
         self.next_worker = 0
         self.delivered: list[WorkerSnapshot | None] = [None] * self.slots
         self.delivered_in_epoch = [False] * self.slots
@@ -186,7 +188,7 @@ class ResumeTracker:
             "resume_at": self.resume_at,
             "delivered_after": sorted(self.delivered_after),
             "sampler_state": self._sampler_state_at_resume(),
-            "next_worker": self.next_worker,
+            "next_worker": self.next_worker % self.slots,
             "workers": self._worker_entries(),
         }
         state = copy.deepcopy(state)
@@ -254,6 +256,8 @@ class ResumeTracker:
         if plan is not None and plan.sampler_state is not None:
             self.sampler_states.append((plan.resume_at - 1, plan.sampler_state))
         self.iterator_has_state = None
+        self.skip_ids = set(self.delivered_after)
+        self.watches_draws = not self.is_iterable  # until the first draw shows otherwise
         self.next_worker = plan.next_worker if plan is not None else 0
         self.exhausted = {}
         self.local_fetcher = None
@@ -303,24 +307,22 @@ class ResumeTracker:
                 ) from None
         return sampler_iter
 
-    def drawn(self, task_id: int, sampler_iter: Any) -> None:
-        """The sampler gave task ``task_id``'s indices: keep its state when it has one."""
-        if self.is_iterable:
-            return
+    def drawn(self, task_id: int, sampler_iter: Any) -> bool:
+        """The sampler gave task ``task_id``'s indices: keep its state when it has one.  True
+        when a resumed ``in_order=False`` epoch delivered this task before the state was taken
+        (the caller draws it and does not dispatch it).  Needed only while ``watches_draws``."""
+        if self.iterator_has_state is None:
+            self.iterator_has_state = has_state_methods(sampler_iter)
         if self.sampler_owner is not None:
-            state = self.sampler_owner.state_dict()
-        else:
-            if self.iterator_has_state is None:
-                self.iterator_has_state = has_state_methods(sampler_iter)
-            if not self.iterator_has_state:
-                return
-            state = sampler_iter.state_dict()
-        self.sampler_states.append((task_id, copy.deepcopy(state)))
-
-    def delivered_before(self, task_id: int) -> bool:
-        """A resumed ``in_order=False`` epoch: this task was delivered before the state was
-        taken (draw it, do not dispatch it)."""
-        return task_id in self.delivered_after
+            self.sampler_states.append((task_id, copy.deepcopy(self.sampler_owner.state_dict())))
+        elif self.iterator_has_state:
+            self.sampler_states.append((task_id, copy.deepcopy(sampler_iter.state_dict())))
+        elif not self.skip_ids:
+            self.watches_draws = False  # nothing to keep, nothing to skip: stop being called
+        if task_id in self.skip_ids:
+            self.skip_ids.discard(task_id)
+            return True
+        return False
 
     def arrived_from(self, worker_id: int, state: WorkerSnapshot | None) -> WorkerSnapshot | None:
         """A result arrived with ``state``: the worker's full snapshot as of that result."""
@@ -332,23 +334,27 @@ class ResumeTracker:
 
     def delivered_task(self, task_id: int, worker_id: int | None,
                        snapshot: WorkerSnapshot | None) -> None:
-        """The consumer received task ``task_id``'s batch (or its error)."""
+        """The consumer received task ``task_id``'s batch (or its error).  (Every batch's hot
+        path: the common case, the next task in order with no sampler state, is a few stores.)"""
         self.batches_yielded += 1
-        if not self.is_iterable:
-            if task_id == self.resume_at:
-                self.resume_at += 1
-                while self.resume_at in self.delivered_after:
-                    self.delivered_after.remove(self.resume_at)
-                    self.resume_at += 1
-            else:
-                self.delivered_after.add(task_id)
-            while self.sampler_states and self.sampler_states[0][0] < self.resume_at - 1:
-                self.sampler_states.popleft()
         if worker_id is not None:
-            self.next_worker = (worker_id + 1) % self.slots
+            self.next_worker = worker_id + 1  # modulo the worker count when saved
             if snapshot is not None:
                 self.delivered[worker_id] = snapshot
             self.delivered_in_epoch[worker_id] = True
+        if self.is_iterable:
+            return
+        if task_id == self.resume_at:
+            self.resume_at = task_id + 1
+            if self.delivered_after:
+                while self.resume_at in self.delivered_after:
+                    self.delivered_after.remove(self.resume_at)
+                    self.resume_at += 1
+        else:
+            self.delivered_after.add(task_id)
+        if self.sampler_states:
+            while self.sampler_states and self.sampler_states[0][0] < self.resume_at - 1:
+                self.sampler_states.popleft()
 
     def worker_exhausted(self, worker_id: int, state: WorkerSnapshot | None) -> None:
         full = self.arrived_from(worker_id, state)

@@ -51,7 +51,7 @@ class SingleProcessIterator(BaseIterator):
         tracker = self._tracker
         try:
             indices = self._next_index()
-            if tracker is not None:
+            if tracker is not None and tracker.watches_draws:
                 tracker.drawn(tracker.resume_at, self._sampler_iter)
             seed = TaskSeed(self._base_seed, 0, self._task_number())  # for item_generator()
             data = self._collate_fn(self._fetcher.fetch(indices, seed))

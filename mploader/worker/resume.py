@@ -73,12 +73,13 @@ class StateRecorder:
         self.is_iterable = is_iterable
         self.dataset_has_state = is_iterable and has_state_methods(dataset)
         self.watch = rng.RngWatch()
+        self.rng_changed = self.watch.capture_if_changed  # bound once: every batch calls it
 
     def snapshot(self, fetcher: MapFetcher | IterableFetcher | None) -> WorkerSnapshot | None:
-        state = self.watch.capture_if_changed()
-        if not isinstance(fetcher, IterableFetcher):
-            return None if state is None else WorkerSnapshot(state)
-        return iterable_snapshot(self.dataset, fetcher, state, self.dataset_has_state)
+        state = self.rng_changed()
+        if self.is_iterable and isinstance(fetcher, IterableFetcher):
+            return iterable_snapshot(self.dataset, fetcher, state, self.dataset_has_state)
+        return None if state is None else WorkerSnapshot(state)
 
 
 def iterable_snapshot(dataset: Any, fetcher: IterableFetcher, state: rng.RngState | None,

@@ -97,8 +97,12 @@ def restore(state: RngState) -> None:
     random.setstate((version, tuple(array.array("I", words)), gauss_next))
 
 
+_default_generator = torch.default_generator
+
+
 def _torch_bytes() -> bytes:
-    return bytes(torch.get_rng_state().numpy().tobytes())
+    state = _default_generator.get_state()  # what torch.get_rng_state() returns
+    return ctypes.string_at(state.data_ptr(), state.numel())
 
 
 def _numpy_state() -> tuple[bytes, int, int, float] | None:
@@ -118,33 +122,31 @@ class RngWatch:
     """Says whether the global generators moved since the last capture, cheaply."""
 
     def __init__(self) -> None:
-        self._numpy_print = _verified(_numpy_fingerprint(), _numpy_draw)
-        self._python_print = _verified(_python_fingerprint(), _python_draw)
-        self._last: tuple[bytes, bytes | None, Any] | None = None
+        # Without a verified fingerprint, one that never matches: every check captures in full.
+        self._numpy_print = _verified(_numpy_fingerprint(), _numpy_draw) or object
+        self._python_print = _verified(_python_fingerprint(), _python_draw) or object
+        self._last_torch: bytes | None = None
+        self._last_numpy: Any = None
+        self._last_python: Any = None
         self._numpy_gauss_cached = False
 
     def capture_if_changed(self) -> RngState | None:
         """The full state when any generator moved since the previous call, else ``None``.
-        The first call always captures."""
-        torch_now = _torch_bytes()
-        numpy_now = self._numpy_print() if self._numpy_print is not None else None
-        python_now = self._python_print() if self._python_print is not None else None
-        prints = (torch_now, numpy_now, python_now)
+        The first call always captures.  (The hot path of every batch: kept to four calls.)"""
+        torch_state = _default_generator.get_state()  # what torch.get_rng_state() returns
+        torch_now = ctypes.string_at(torch_state.data_ptr(), torch_state.numel())
         if (
-            self._last == prints
-            and numpy_now is not None
-            and python_now is not None
+            torch_now == self._last_torch
             and not self._numpy_gauss_cached
+            and (numpy_now := self._numpy_print()) == self._last_numpy
+            and (python_now := self._python_print()) == self._last_python
         ):
             return None
+        numpy_now, python_now = self._numpy_print(), self._python_print()
         state = RngState(torch=torch_now, numpy=_numpy_state(), python=_python_state())
         self._numpy_gauss_cached = state.numpy is not None and state.numpy[2] != 0
-        self._last = prints
+        self._last_torch, self._last_numpy, self._last_python = torch_now, numpy_now, python_now
         return state
-
-    def forget(self) -> None:
-        """The next ``capture_if_changed`` captures in full (after a restore, for instance)."""
-        self._last = None
 
 
 def _numpy_fingerprint() -> Callable[[], bytes] | None:

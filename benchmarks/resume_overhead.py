@@ -1,0 +1,70 @@
+"""resume_overhead: mploader with resume state tracking on (the default) versus off, in one run.
+
+    .venv/bin/python benchmarks/resume_overhead.py                 # small_ints and medium
+    .venv/bin/python benchmarks/resume_overhead.py --repeats 9
+
+The workloads, their sizes, the checking of every batch and the clock are those of
+``benchmarks/versus.py`` (fork, non-persistent workers, warm-up batches untimed); instead of torch
+against mploader it runs ``mploader.DataLoader(snapshot_every_n_steps=None)`` (tracking off, A)
+and ``mploader.DataLoader()`` (tracking on, B) alternately, A B A B, and reports the medians and
+how much slower tracking makes a batch (the plan's target: under 5%).  Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import statistics
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import versus  # the sibling script: its workloads and its clock
+
+WORKLOADS = ("small_ints", "medium")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--repeats", type=int, default=7, help="repetitions per side (default 7)")
+    parser.add_argument("--quick", action="store_true", help="versus.py's smaller sizes")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+    import mploader
+
+    sides = [("off", functools.partial(mploader.DataLoader, snapshot_every_n_steps=None)),
+             ("on", mploader.DataLoader)]
+    rows = []
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    for workload in versus.build_workloads(args.quick):
+        if workload.name not in WORKLOADS:
+            continue
+        dataset = workload.make_dataset(workload.batches)
+        expected = [workload.expected(number) for number in range(workload.batches)]
+        figures: dict[str, list[float]] = {"off": [], "on": []}
+        for repetition in range(args.repeats):
+            for side, loader_class in sides:
+                gc.collect()
+                figure, _ = versus.run_throughput(loader_class, workload, dataset, expected)
+                figures[side].append(figure)
+                print(f"  {workload.name:11s} rep {repetition + 1:2d} tracking {side:3s} "
+                      f"{figure:8.3f} ms/batch", flush=True)
+        off, on = statistics.median(figures["off"]), statistics.median(figures["on"])
+        rows.append((workload.name, off, on, (on / off - 1) * 100))
+        del dataset
+        workload.cleanup()
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print()
+    print("| workload | tracking off | tracking on | slower by | target |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, off, on, slower in rows:
+        print(f"| {name} | {off:.3f} ms | {on:.3f} ms | {slower:+.1f}% | < 5% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
