@@ -140,7 +140,7 @@ class RemoteError:
         error.__cause__ = RemoteTraceback(
             f"\n\"\"\"\nOriginal traceback {self.where()}:\n{self.traceback_text}\"\"\""
         )
-        add_note(error, note)
+        error.add_note(note)
         return error
 
     def _unpickle(self) -> BaseException | None:
@@ -161,14 +161,6 @@ class RemoteError:
             except Exception:
                 pass
         return None
-
-
-def add_note(error: BaseException, note: str) -> None:
-    """``error.add_note`` where it exists (3.11+); on 3.10, extend the message's args."""
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        error.args = (*error.args, note)
 
 
 def _short_indices(indices: Any, limit: int = 32) -> Any:

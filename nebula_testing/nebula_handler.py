@@ -82,7 +82,7 @@ class ConnectionHandler(GraphService.Iface):
             )
         with self.server.store.lock:
             session_id = self.server.new_session_id()
-            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
             self.server.sessions[session_id] = SessionRecord(
                 session_id, user, None, now, now, self.client_ip
             )
@@ -142,7 +142,7 @@ class ConnectionHandler(GraphService.Iface):
                     ErrorCode.E_SESSION_INVALID,
                     f"Get sessionId[{session_id}] failed: Session `{session_id}' not found",
                 )
-            session.update_time = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            session.update_time = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
             return session
 
     def _run(self, session: SessionRecord, text: str, raw_params: dict[Any, Any]) -> QueryResult:

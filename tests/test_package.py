@@ -7,6 +7,7 @@ thrift or the repository's test server fails.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -29,9 +30,12 @@ print(mploader.DataLoader.__name__, NebulaHooks.__name__, NebulaFeatureStore.__n
 
 
 def test_the_wheel_holds_the_loader_only(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside the code
+    shutil.copytree(REPOSITORY, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(REPOSITORY)],
+         "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = tmp_path.glob("mploader-*.whl")

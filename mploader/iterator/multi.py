@@ -31,7 +31,7 @@ from typing import Any
 
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
-from mploader.errors import PoisonTaskError, add_note
+from mploader.errors import PoisonTaskError
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
@@ -286,7 +286,7 @@ class MultiProcessIterator(BaseIterator):
                                    exitcode=handle.process.exitcode, cause=error.likely_cause)
         if self._restarts_left <= 0:
             if self._loader_settings.max_worker_restarts:
-                add_note(error, f"All {self._loader_settings.max_worker_restarts} worker "
+                error.add_note(f"All {self._loader_settings.max_worker_restarts} worker "
                                "restarts (max_worker_restarts) were used.")
             raise error
         self._restart(worker_id, held, error)

@@ -1,16 +1,16 @@
 """The names the layers share with the monitor: worker states, lifecycle events, task timings.
 
-Both are ``str`` enums, so a state compares equal to its name (``stats.state == "busy"``) and
+Both are ``StrEnum``s, so a state compares equal to its name (``stats.state == "busy"``) and
 prints as it in logs and traces.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class WorkerState(str, Enum):
+class WorkerState(StrEnum):
     STARTING = "starting"
     READY = "ready"  # started, no task of ours in hand
     BUSY = "busy"  # holds at least one task
@@ -19,19 +19,13 @@ class WorkerState(str, Enum):
     EXITED = "exited"
     CRASHED = "crashed"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class WorkerEvent(str, Enum):
+class WorkerEvent(StrEnum):
     START = "worker start"
     READY = "worker ready"
     EXIT = "worker exit"
     CRASH = "worker crash"
     RESTART = "worker restart"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_failure(self) -> bool:
