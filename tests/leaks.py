@@ -33,3 +33,27 @@ def leaked_entries(before: Iterable[str]) -> set[str]:
         if main_pid in ours or not psutil.pid_exists(main_pid):
             leaked.add(name)
     return leaked
+
+
+def own_shm_entries() -> set[str]:
+    """Entries whose main pid is this process (what one test run's loaders create)."""
+    prefix = f"mploader-{os.getpid()}-"
+    return {name for name in shm_entries() if name.startswith(prefix)}
+
+
+def own_shm_bytes() -> int:
+    """Bytes of ``mploader`` shared memory mapped by this process or its descendants (each block
+    counted once, named or already unlinked): unlike the tmpfs's usage, blind to other programs."""
+    sizes: dict[int, int] = {}
+    pids = [os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                lines = [line for line in maps if "/dev/shm/mploader" in line]
+        except OSError:
+            continue  # it ended meanwhile
+        for line in lines:
+            address, _, _, _, inode, *_ = line.split()
+            start, end = (int(part, 16) for part in address.split("-"))
+            sizes[int(inode)] = max(sizes.get(int(inode), 0), end - start)
+    return sum(sizes.values())

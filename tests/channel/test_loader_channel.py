@@ -16,17 +16,12 @@ import mploader
 from mploader.channel.shm import SharedMemoryFullError
 from mploader.config import SharedMemoryConfig
 from mploader.errors import WorkerDiedError
-from tests.leaks import leaked_entries
+from tests.leaks import leaked_entries, own_shm_bytes, own_shm_entries
 from tests.leaks import shm_entries as shm_names
 
 from .datasets import NumpyItems, Patterned, kill_while_writing
 
 MiB = 1 << 20
-
-
-def shm_used_bytes() -> int:
-    status = os.statvfs("/dev/shm")
-    return (status.f_blocks - status.f_bfree) * status.f_frsize
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +135,7 @@ def test_soak_100_epochs_of_64_mb_batches(persistent):
 
     def measure() -> tuple[int, int, int, int]:
         gc.collect()
-        return me.num_fds(), len(shm_names()), shm_used_bytes(), me.memory_info().rss
+        return me.num_fds(), len(own_shm_entries()), own_shm_bytes(), me.memory_info().rss
 
     baseline = None
     for epoch in range(100):
