@@ -9,6 +9,7 @@ in a :class:`QueryResult`; :mod:`nebula_testing.nebula_values` turns them into `
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ class QueryResult:
 
     columns: list[str] | None = None
     rows: list[list[Any]] = field(default_factory=list)
+    scalars: bool = False  # every value is an int, float, str, bool or None (cheap to encode)
 
 
 @dataclass
@@ -259,9 +261,16 @@ class GraphStore:
             space.add_edge(statement.edge, src, dst, rank, props, not statement.if_not_exists)
         return QueryResult()
 
-    def _vids(self, space: Space, exprs: tuple[syntax.Expr, ...], params: dict[str, Any]) -> list:
+    def _vids(
+        self, space: Space, statement: syntax.FetchStmt | syntax.GoStmt, params: dict[str, Any]
+    ) -> list:
+        if statement.literal_vids is not None:  # ints, cut out of the text by ngql_cache
+            if space.vid_type == "INT64":
+                return list(dict.fromkeys(statement.literal_vids))
+            return list(dict.fromkeys(space.check_vid(vid) for vid in statement.literal_vids))
         context = RowContext(None, params)
-        return list(dict.fromkeys(space.check_vid(evaluate(expr, context)) for expr in exprs))
+        values = (space.check_vid(evaluate(expr, context)) for expr in statement.vids)
+        return list(dict.fromkeys(values))
 
     def _fetch(
         self, space: Space, statement: syntax.FetchStmt, params: dict[str, Any]
@@ -270,8 +279,19 @@ class GraphStore:
         for tag in tags:
             if tag not in space.tags:
                 raise semantic_error(f"No schema found for `{tag}'")
+        vids = self._vids(space, statement, params)
+        compiled = _compile_fetch_columns(space, statement, set(tags))
+        if compiled is not None:
+            fast_rows = []
+            vertex, wanted = space.vertices.get, set(tags)
+            for vid in vids:
+                stored = vertex(vid)
+                if stored and not wanted.isdisjoint(stored):
+                    fast_rows.append([column(vid, stored) for column in compiled])
+            columns = [column.name for column in statement.columns]
+            return QueryResult(columns, _distinct(fast_rows, statement), scalars=True)
         rows = []
-        for vid in self._vids(space, statement.vids, params):
+        for vid in vids:
             stored = space.vertices.get(vid, {})
             present = {tag: dict(stored[tag]) for tag in tags if tag in stored}
             if not present:
@@ -288,7 +308,7 @@ class GraphStore:
         for edge in edges:
             if edge not in space.edges:
                 raise semantic_error(f"`{edge}', not found the edge type")
-        frontier = self._vids(space, statement.vids, params)
+        frontier = self._vids(space, statement, params)
         for _ in range(statement.steps - 1):
             reached = [
                 other
@@ -296,6 +316,25 @@ class GraphStore:
                 for _, other in self._edges_of(space, edges, vid, statement.direction)
             ]
             frontier = list(dict.fromkeys(reached))
+        compiled = _compile_go_columns(space, statement, set(edges))
+        if compiled is not None:
+            if statement.direction == "OUT" and len(edges) == 1:  # the common case, inlined
+                name, adjacency = edges[0], space.out_edges.get(edges[0], {})
+                fast_rows = [
+                    [column(vid, dst, name, rank, props) for column in compiled]
+                    for vid in frontier
+                    for (dst, rank), props in adjacency.get(vid, {}).items()
+                ]
+            else:
+                fast_rows = [
+                    [column(src, dst, name, rank, props) for column in compiled]
+                    for vid in frontier
+                    for src, dst, name, rank, props in _edge_tuples(
+                        space, edges, vid, statement.direction
+                    )
+                ]
+            columns = [column.name for column in statement.columns]
+            return QueryResult(columns, _distinct(fast_rows, statement), scalars=True)
         rows = []
         for vid in frontier:
             for edge_value, other in self._edges_of(space, edges, vid, statement.direction):
@@ -319,6 +358,113 @@ class GraphStore:
                     props = space.out_edges[edge][src][(vid, rank)]
                     found.append((EdgeValue(src, vid, edge, rank, dict(props)), src))
         return found
+
+
+# ----------------------------------------------------------------------------- fast columns
+# The common YIELD columns of FETCH and GO (``id(vertex)``, ``tag.prop``, ``src(edge)``,
+# ``dst(edge)``, ``rank(edge)``, ``edge.prop``, literals) as plain functions of the row, without
+# building a VertexValue/EdgeValue and a RowContext per row.  Any other column, or a column that
+# the slow path would reject, makes the whole statement take the slow path (same answers and
+# errors).
+
+FetchColumn = Callable[[Any, dict[str, dict[str, Any]]], Any]
+GoColumn = Callable[[Any, Any, str, int, dict[str, Any]], Any]
+_EDGE_FUNCTIONS: dict[str, GoColumn] = {
+    "src": lambda src, dst, name, rank, props: src,
+    "dst": lambda src, dst, name, rank, props: dst,
+    "rank": lambda src, dst, name, rank, props: rank,
+    "type": lambda src, dst, name, rank, props: name,
+}
+
+
+def _fetch_vid(vid: Any, stored: dict[str, dict[str, Any]]) -> Any:
+    return vid
+
+
+def _fetch_constant(value: Any) -> FetchColumn:
+    return lambda vid, stored: value
+
+
+def _fetch_property(tag: str, prop: str) -> FetchColumn:
+    return lambda vid, stored: stored.get(tag, {}).get(prop)
+
+
+def _go_constant(value: Any) -> GoColumn:
+    return lambda src, dst, name, rank, props: value
+
+
+def _go_property(edge: str, prop: str) -> GoColumn:
+    return lambda src, dst, name, rank, props: props.get(prop) if name == edge else None
+
+
+def _is_name(expr: syntax.Expr, name: str) -> bool:
+    return isinstance(expr, syntax.Name) and expr.name.lower() == name
+
+
+def _compile_fetch_columns(
+    space: Space, statement: syntax.FetchStmt, tags: set[str]
+) -> list[FetchColumn] | None:
+    compiled: list[FetchColumn] = []
+    for column in statement.columns:
+        expr = column.expr
+        if isinstance(expr, syntax.Literal):
+            compiled.append(_fetch_constant(expr.value))
+        elif isinstance(expr, syntax.Call) and expr.name == "id" and len(expr.args) == 1 and (
+            _is_name(expr.args[0], "vertex")
+        ):
+            compiled.append(_fetch_vid)
+        elif (
+            isinstance(expr, syntax.Attribute)
+            and isinstance(expr.base, syntax.Name)
+            and expr.base.name in tags
+            and expr.base.name.lower() not in ("vertex", "edge")
+            and space.tags[expr.base.name].column(expr.name) is not None
+        ):
+            compiled.append(_fetch_property(expr.base.name, expr.name))
+        else:
+            return None
+    return compiled
+
+
+def _compile_go_columns(
+    space: Space, statement: syntax.GoStmt, edges: set[str]
+) -> list[GoColumn] | None:
+    compiled: list[GoColumn] = []
+    for column in statement.columns:
+        expr = column.expr
+        if isinstance(expr, syntax.Literal):
+            compiled.append(_go_constant(expr.value))
+        elif (
+            isinstance(expr, syntax.Call)
+            and expr.name in _EDGE_FUNCTIONS
+            and len(expr.args) == 1
+            and _is_name(expr.args[0], "edge")
+        ):
+            compiled.append(_EDGE_FUNCTIONS[expr.name])
+        elif (
+            isinstance(expr, syntax.Attribute)
+            and isinstance(expr.base, syntax.Name)
+            and expr.base.name in edges
+            and expr.base.name.lower() not in ("vertex", "edge")
+            and space.edges[expr.base.name].column(expr.name) is not None
+        ):
+            compiled.append(_go_property(expr.base.name, expr.name))
+        else:
+            return None
+    return compiled
+
+
+def _edge_tuples(
+    space: Space, edges: list[str], vid: Any, direction: str
+) -> Iterator[tuple[Any, Any, str, int, dict[str, Any]]]:
+    """``(src, dst, edge, rank, props)`` of ``vid``'s edges, in ``GraphStore._edges_of`` order."""
+    for edge in edges:
+        if direction in ("OUT", "BOTH"):
+            for (dst, rank), props in space.out_edges.get(edge, {}).get(vid, {}).items():
+                yield vid, dst, edge, rank, props
+        if direction in ("IN", "BOTH"):
+            for src, rank in space.in_edges.get(edge, {}).get(vid, {}):
+                yield src, vid, edge, rank, space.out_edges[edge][src][(vid, rank)]
 
 
 def _distinct(

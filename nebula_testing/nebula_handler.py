@@ -5,6 +5,10 @@ graphd's behaviour reproduced here: ``authenticate`` answers ``E_BAD_USERNAME_PA
 ``E_SESSION_INVALID``; ``signout`` is one-way; ``USE`` sets the session's space; ``SHOW
 SESSIONS`` lists SessionId, UserName, SpaceName, CreateTime, UpdateTime, GraphAddr, Timezone,
 ClientIp.  Graph statements go to :class:`~nebula_testing.nebula_graph.GraphStore`.
+
+The server's modelled network latency (``--latency-ms``) is added to every ``execute*`` call:
+the connection's thread sleeps before it replies, holding no lock and no CPU, so other
+connections are served meanwhile (a remote graphd's round trip and storage hops, not its work).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nebula3.common.ttypes import DataSet, ErrorCode, Row
+from nebula3.common.ttypes import ErrorCode
 from nebula3.graph import GraphService
 from nebula3.graph.ttypes import AuthResponse, ExecutionResponse, VerifyClientVersionResp
 
@@ -28,7 +32,8 @@ from nebula_testing.nebula_expressions import (
     QueryError,
 )
 from nebula_testing.nebula_graph import QueryResult
-from nebula_testing.nebula_values import from_value, to_json_value, to_value
+from nebula_testing.nebula_values import from_value, to_json_value
+from nebula_testing.nebula_wire import EncodedDataSet
 
 if TYPE_CHECKING:
     from nebula_testing.nebula_server import NebulaTestServer
@@ -129,6 +134,8 @@ class ConnectionHandler(GraphService.Iface):
             result, code = QueryResult(), ErrorCode.E_EXECUTION_ERROR
             message = f"{type(error).__name__}: {error}"
         space = (session.space or "") if session is not None else ""
+        if self.server.query_latency > 0:  # the modelled round trip to a remote cluster
+            time.sleep(self.server.query_latency)
         latency = int((time.perf_counter() - started) * 1e6)
         return _Answer(result, code, message, space, latency)
 
@@ -147,7 +154,7 @@ class ConnectionHandler(GraphService.Iface):
 
     def _run(self, session: SessionRecord, text: str, raw_params: dict[Any, Any]) -> QueryResult:
         try:
-            statements = ngql.parse_statements(text)
+            statements = self.server.statement_cache.parse(text)
         except ngql.NgqlSyntaxError as error:
             code = (
                 ErrorCode.E_SEMANTIC_ERROR if str(error).startswith("Semantic") else E_SYNTAX_ERROR
@@ -233,10 +240,7 @@ class _Answer:
     def to_thrift(self) -> ExecutionResponse:
         data = None
         if self.result.columns is not None:
-            data = DataSet(
-                column_names=[name.encode() for name in self.result.columns],
-                rows=[Row(values=[to_value(value) for value in row]) for row in self.result.rows],
-            )
+            data = EncodedDataSet(self.result.columns, self.result.rows)
         return ExecutionResponse(
             error_code=self.code,
             latency_in_us=self.latency_us,
@@ -257,11 +261,22 @@ class _Answer:
         }
         if self.result.columns is not None:
             result["columns"] = list(self.result.columns)
-            result["data"] = []
-            for row in self.result.rows:
-                pairs = [to_json_value(value) for value in row]
-                result["data"].append({"row": [p[0] for p in pairs], "meta": [p[1] for p in pairs]})
+            if self.result.scalars:  # no vertices, edges or datetimes: no meta, no conversion
+                meta = [None] * len(self.result.columns)
+                result["data"] = [{"row": row, "meta": meta} for row in self.result.rows]
+            else:
+                result["data"] = [_json_row(row) for row in self.result.rows]
         return json.dumps({"errors": [error], "results": [result]}, default=str).encode()
+
+
+_JSON_SCALARS = frozenset((int, str, float, bool, type(None)))
+
+
+def _json_row(row: list[Any]) -> dict[str, list[Any]]:
+    if all(type(value) in _JSON_SCALARS for value in row):  # the common case, without a call each
+        return {"row": row, "meta": [None] * len(row)}
+    pairs = [to_json_value(value) for value in row]
+    return {"row": [pair[0] for pair in pairs], "meta": [pair[1] for pair in pairs]}
 
 
 def _text(value: Any) -> str:

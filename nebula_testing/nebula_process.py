@@ -125,13 +125,15 @@ def start_server_process(
     cites_per_node: int = 5,
     users: dict[str, str] | None = None,
     startup_timeout: float = 30.0,
+    latency_ms: float = 0.0,
 ) -> NebulaServerProcess:
     """Start ``python -m nebula_testing.nebula_server`` and return its running handle.
 
     Use it as a context manager (``with start_server_process(...) as server:``) or call
     ``stop()``.  ``preload="citation"`` loads :func:`make_citation_graph` with these arguments.
+    ``latency_ms`` is the modelled network latency added to every statement (0: none).
     """
-    arguments = ["--host", "127.0.0.1"]
+    arguments = ["--host", "127.0.0.1", "--latency-ms", str(latency_ms)]
     for name, password in (users or {"root": "nebula"}).items():
         arguments += ["--user", f"{name}:{password}"]
     if preload is not None:

@@ -8,13 +8,19 @@ to an ``execute`` goes back on the socket it came from, whoever reads it.
 Run::
 
     python -m nebula_testing.nebula_server --port 0 --preload citation --nodes 2000 \\
-        --feature-dim 32 --classes 7 --seed 0
+        --feature-dim 32 --classes 7 --seed 0 --latency-ms 5
 
 It prints ``LISTENING 127.0.0.1:<port>`` once ready and serves until SIGTERM/SIGINT.  Users are
 ``--user name:password`` (default ``root:nebula``).  Besides the nGQL subset of
 :mod:`nebula_testing.ngql` it understands fault statements for tests: ``DEBUG DROP CONNECTION``
 (closes the caller's own connection without replying), ``DEBUG DROP CONNECTIONS`` (closes every
 other connection) and ``DEBUG SLEEP <ms>``.  :func:`start_server_process` runs it as a subprocess.
+
+``--latency-ms`` models a remote cluster: every statement's reply waits that long (default 0,
+off) in its connection's thread, which holds no lock and no CPU meanwhile.  Statements of the
+shapes samplers repeat (``GO FROM <ids>``, ``FETCH PROP ON t <ids>``) are parsed once per shape
+(:mod:`nebula_testing.ngql_cache`) and result sets are encoded in one step
+(:mod:`nebula_testing.nebula_wire`), so one server keeps up with dozens of sampling sessions.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from nebula_testing import citation, ngql_syntax
 from nebula_testing.nebula_graph import GraphStore, Schema
 from nebula_testing.nebula_handler import ConnectionHandler, SessionRecord, shutdown_socket
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
+from nebula_testing.ngql_cache import StatementCache
 
 __all__ = ["NebulaServerProcess", "NebulaTestServer", "main", "start_server_process"]
 
@@ -52,9 +59,17 @@ class NebulaTestServer:
     """Listening socket, session registry and graph; ``serve_forever`` runs the accept loop."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, users: dict[str, str] | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        users: dict[str, str] | None = None,
+        latency_ms: float = 0.0,
     ) -> None:
+        if latency_ms < 0:
+            raise ValueError(f"latency_ms must be >= 0 (0 turns it off), got {latency_ms}")
         self.users = dict(users or {"root": "nebula"})
+        self.query_latency = latency_ms / 1000.0
+        self.statement_cache = StatementCache()
         self.store = GraphStore()
         self.sessions: dict[int, SessionRecord] = {}
         self.listener = socket.create_server((host, port), reuse_port=False, backlog=128)
@@ -189,6 +204,12 @@ def _parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cites-per-node", type=int, default=5)
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="modelled network latency added to every statement's reply (0 = off)",
+    )
     return parser.parse_args(argv)
 
 
@@ -201,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not separator:
             raise SystemExit(f"--user expects NAME:PASSWORD, got {entry!r}")
         users[name] = password
-    server = NebulaTestServer(arguments.host, arguments.port, users)
+    server = NebulaTestServer(arguments.host, arguments.port, users, arguments.latency_ms)
     if arguments.preload == "citation":
         graph = citation.make_citation_graph(
             arguments.nodes,

@@ -254,6 +254,7 @@ class FetchStmt:
     vids: tuple[Expr, ...]
     columns: tuple[YieldColumn, ...]
     distinct: bool
+    literal_vids: tuple[int, ...] | None = None  # set by ngql_cache: the vids, all int literals
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ class GoStmt:
     direction: str  # OUT IN BOTH
     columns: tuple[YieldColumn, ...]
     distinct: bool
+    literal_vids: tuple[int, ...] | None = None  # set by ngql_cache: the vids, all int literals
 
 
 @dataclass(frozen=True)

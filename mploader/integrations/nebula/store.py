@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mploader.integrations.nebula.encoding import decode_feature_batch
+from mploader.integrations.nebula.session import NebulaSession
 from mploader.worker import hooks as worker_hooks
 
 if TYPE_CHECKING:
@@ -69,19 +70,19 @@ class NebulaFeatureStore:
                 f"YIELD id(vertex) AS vid, `{self.tag}`.`{self.feature_prop}` AS feature, "
                 f"`{self.tag}`.`{self.label_prop}` AS label"
             )
-            rows = session.execute(statement).rows()
+            rows = _query(session, statement)
             if not rows:
                 continue
-            row_vids = np.array(_column(rows, 0, "IVAL", "id(vertex)"), dtype=np.int64)
+            row_vids = np.array(_column(rows, 0, int, "id(vertex)"), dtype=np.int64)
             positions = np.searchsorted(unique, row_vids)
-            texts = _column(rows, 1, "SVAL", f"{self.tag}.{self.feature_prop}")
+            texts = _column(rows, 1, str, f"{self.tag}.{self.feature_prop}")
             try:
                 features[positions] = decode_feature_batch(texts, self.feature_dim)
             except ValueError as error:
                 raise ValueError(
                     f"bad `{self.feature_prop}' values on tag `{self.tag}': {error}"
                 ) from error
-            labels[positions] = _column(rows, 2, "IVAL", f"{self.tag}.{self.label_prop}")
+            labels[positions] = _column(rows, 2, int, f"{self.tag}.{self.label_prop}")
             found[positions] = True
         if not found.all():
             missing = unique[~found]
@@ -102,8 +103,7 @@ class NebulaFeatureStore:
             raise ValueError("NebulaFeatureStore.neighbors needs an edge type (edge=...)")
         ids = _as_vid_array(vids)
         session = self.session()
-        sources: list[int] = []
-        destinations: list[int] = []
+        pairs: list[np.ndarray] = [np.zeros((0, 2), dtype=np.int64)]
         for start in range(0, len(ids), self.batch_size):
             chunk = ids[start : start + self.batch_size]
             if len(chunk) == 0:
@@ -112,13 +112,13 @@ class NebulaFeatureStore:
                 f"GO FROM {', '.join(map(str, chunk.tolist()))} OVER `{edge}` "
                 "YIELD src(edge) AS src, dst(edge) AS dst"
             )
-            for row in session.execute(statement).rows():
-                sources.append(row.values[0].value)
-                destinations.append(row.values[1].value)
-        return (
-            torch.tensor(sources, dtype=torch.int64),
-            torch.tensor(destinations, dtype=torch.int64),
-        )
+            rows = _query(session, statement)
+            if rows:
+                _column(rows, 0, int, "src(edge)")
+                _column(rows, 1, int, "dst(edge)")
+                pairs.append(np.array(rows, dtype=np.int64).reshape(-1, 2))
+        edges = torch.from_numpy(np.concatenate(pairs))
+        return edges[:, 0].contiguous(), edges[:, 1].contiguous()
 
     def __repr__(self) -> str:
         return (
@@ -127,21 +127,43 @@ class NebulaFeatureStore:
         )
 
 
-def _column(rows: Sequence[Any], index: int, kind: str, what: str) -> list[Any]:
-    """Column ``index`` of raw result rows, checked to hold ``Value`` type ``kind`` (no NULLs)."""
+def _query(session: Any, statement: str) -> list[list[Any]]:
+    """The rows of ``statement`` as plain Python values (ints, strings, ``None`` for NULL).
+
+    Through a :class:`NebulaSession` the answer comes as graphd's JSON (decoded in C); any other
+    session (a raw nebula3 ``Session``, a user's wrapper) answers through ``execute().rows()``.
+    """
+    if isinstance(session, NebulaSession):
+        results = session.execute_json(statement).get("results") or [{}]
+        return [entry["row"] for entry in results[0].get("data") or []]
+    return [[_plain(value) for value in row.values] for row in session.execute(statement).rows()]
+
+
+def _plain(value: Any) -> Any:
+    """A nebula3 ``Value`` of a scalar type as a Python value (strings decoded)."""
     from nebula3.common.ttypes import Value
 
-    expected = getattr(Value, kind)  # e.g. Value.IVAL
-    values = []
-    for row in rows:
-        value = row.values[index]
-        if value.getType() != expected:
-            got = Value.thrift_spec[value.getType()][2] if value.getType() else "nothing"
+    kind = value.getType()
+    if kind in (Value.__EMPTY__, Value.NVAL):
+        return None
+    if kind == Value.SVAL:
+        raw = value.value
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    if kind in (Value.BVAL, Value.IVAL, Value.FVAL):
+        return value.value
+    return value  # another type: _column reports it
+
+
+def _column(rows: Sequence[list[Any]], index: int, kind: type, what: str) -> list[Any]:
+    """Column ``index`` of ``rows``, checked to hold ``kind`` values (no NULLs)."""
+    values = [row[index] for row in rows]
+    for value in values:
+        if type(value) is not kind:
+            got = "NULL" if value is None else type(value).__name__
             raise TypeError(
-                f"NebulaGraph returned {got} for {what}, expected {kind[0].lower()}Val "
+                f"NebulaGraph returned {got} for {what}, expected {kind.__name__} "
                 "(is the property NULL or of another type?)"
             )
-        values.append(value.value)
     return values
 
 
