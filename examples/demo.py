@@ -1,33 +1,40 @@
 """mploader's main demonstration: a GNN minibatch pipeline fed from NebulaGraph.
 
 A deterministic synthetic citation graph lives in NebulaGraph (by default the repository's
-graphd-compatible server, started here in the background; set ``NEBULA_ADDR=host:port`` and
+graphd-compatible server, started here in the background with a modelled network latency per
+query, as a remote cluster would answer; set ``NEBULA_ADDR=host:port`` and
 ``NEBULA_USER``/``NEBULA_PASSWORD``/``NEBULA_SPACE`` for a real one, already loaded with
-``nebula_testing.citation``'s schema and data).  Each DataLoader worker samples two-hop
-neighbourhoods of its seed nodes (``GO FROM ... OVER cites``) and fetches their features and
-labels (``FETCH PROP ON paper ...``) through its own session, then a small GraphSAGE-style model
-trains on the batches.
+``nebula_testing.citation``'s schema and data).  Each DataLoader item is one minibatch: a block
+of seed papers, their two-hop neighbourhood sampled with numpy (one ``GO FROM ... OVER cites``
+per hop for the whole frontier) and the features and labels of every sampled paper (one
+``FETCH PROP ON paper ...``), all through the fetching thread's own session.  A small
+GraphSAGE-style model trains on the training papers and is scored on held-out papers.
 
-The same pipeline runs with ``torch.utils.data.DataLoader`` (each process opening its own session
-lazily, as a careful user would write it, with ``mploader.ProcessLocal``) and with
-``mploader.DataLoader`` (``NebulaHooks``: one session per worker, closed at worker exit), for 1,
-2 and 4 workers, and prints loader throughput and the sessions each left open on the server.
+Then the same pipeline runs with ``torch.utils.data.DataLoader`` (each worker process opening its
+own session lazily, as a careful user would write it, with ``mploader.ProcessLocal``) with 1, 2,
+4 and 8 workers, and with ``mploader.DataLoader`` (``NebulaHooks``: one session per fetch
+thread, closed at exit) with 2 workers x T fetch threads (``worker_threads=T``).  The table
+gives loader throughput, the worker processes' total memory (USS) and the sessions each run
+left open on the server.
 
-Run it with ``make demo`` (or ``python examples/demo.py [--quick]``).
+Run it with ``make demo`` (or ``python examples/demo.py [--quick] [--latency-ms 5]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -36,22 +43,26 @@ import mploader
 from mploader.integrations.nebula import NebulaFeatureStore, NebulaHooks, parse_addresses
 from nebula_testing import citation
 
-GRAPH = {"num_nodes": 4000, "feature_dim": 64, "num_classes": 7, "seed": 0}
-BATCH_SEEDS = 64
-FAN_OUT = (10, 5)
+GRAPH = {"num_nodes": 4000, "feature_dim": 64, "num_classes": 7, "seed": 0, "cites_per_node": 10}
+BATCH_SEEDS = 32
+FAN_OUT = (5, 5)
+TRAIN_SHARE = 0.6
+LATENCY_MS = 5.0  # the bundled server's modelled round trip per query (--latency-ms 0: off)
+STORE_BATCH = 1 << 16  # vertices per GO/FETCH statement: one statement per hop and per fetch
 
 
 class NeighbourhoodBatches(Dataset):
-    """Item ``i``: the two-hop sampled neighbourhood of the ``i``-th block of seed nodes.
+    """Item ``i``: the sampled two-hop neighbourhood of the ``i``-th block of seed papers.
 
-    Returns ``x`` (features of every sampled node), ``y`` (their labels), ``edge_index`` (local
-    ids, messages flow neighbour -> node), and ``num_seeds`` (the first nodes are the seeds).
+    Returns ``x`` (features of every sampled paper), ``y`` (their labels), ``edge_index``
+    (local ids, messages flow from the cited paper to the citing one), and ``num_seeds`` (the
+    first papers are the seeds).  Three statements per item: ``GO`` for each hop's frontier,
+    then one ``FETCH`` of every sampled paper.
     """
 
-    def __init__(self, store: NebulaFeatureStore, num_nodes: int, seed: int = 0) -> None:
+    def __init__(self, store: NebulaFeatureStore, seeds: np.ndarray, block: int) -> None:
         self.store = store
-        order = np.random.default_rng(seed).permutation(num_nodes)
-        self.blocks = [order[i : i + BATCH_SEEDS] for i in range(0, num_nodes, BATCH_SEEDS)]
+        self.blocks = [seeds[i : i + block] for i in range(0, len(seeds), block)]
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -59,26 +70,43 @@ class NeighbourhoodBatches(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         rng = np.random.default_rng(index)  # the same neighbourhood whichever worker samples it
         seeds = self.blocks[index]
-        nodes = {int(v): i for i, v in enumerate(seeds)}
-        edges: list[tuple[int, int]] = []
+        nodes = seeds
         frontier = seeds
+        sources, targets = [], []
         for fan_out in FAN_OUT:
-            src, dst = self.store.neighbors(frontier)
-            next_frontier = []
-            for node in np.unique(src.numpy()):
-                cited = dst.numpy()[src.numpy() == node]
-                if len(cited) > fan_out:
-                    cited = rng.choice(cited, fan_out, replace=False)
-                for neighbour in cited.tolist():
-                    if neighbour not in nodes:
-                        nodes[neighbour] = len(nodes)
-                        next_frontier.append(neighbour)
-                    edges.append((nodes[neighbour], nodes[int(node)]))
-            frontier = np.array(next_frontier, dtype=np.int64)
-        vids = np.fromiter(nodes.keys(), dtype=np.int64, count=len(nodes))
-        x, y = self.store.fetch(vids)
-        edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t().contiguous()
-        return {"x": x, "y": y, "edge_index": edge_index, "num_seeds": len(seeds)}
+            citing, cited = (part.numpy() for part in self.store.neighbors(frontier))
+            citing, cited = sample_per_node(citing, cited, fan_out, rng)
+            sources.append(cited)  # the message goes from the cited paper to the citing one
+            targets.append(citing)
+            frontier = np.setdiff1d(cited, nodes)  # unique, sorted: the next hop's new papers
+            nodes = np.concatenate([nodes, frontier])
+        x, y = self.store.fetch(nodes)
+        edge_index = local_ids(nodes, np.stack([np.concatenate(sources), np.concatenate(targets)]))
+        return {"x": x, "y": y, "edge_index": torch.from_numpy(edge_index),
+                "num_seeds": len(seeds)}
+
+
+def sample_per_node(
+    src: np.ndarray, dst: np.ndarray, fan_out: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``fan_out`` of each source's edges, uniformly at random, with no Python loop.
+
+    Edges are put in a canonical order first (by source, then destination), so the sample does
+    not depend on the order the server listed them in.
+    """
+    canonical = np.lexsort((dst, src))
+    src, dst = src[canonical], dst[canonical]
+    order = np.lexsort((rng.random(len(src)), src))  # shuffled within each source
+    src, dst = src[order], dst[order]
+    first = np.searchsorted(src, src, side="left")  # where each source's edges start
+    keep = np.arange(len(src)) - first < fan_out
+    return src[keep], dst[keep]
+
+
+def local_ids(nodes: np.ndarray, global_ids: np.ndarray) -> np.ndarray:
+    """Positions in ``nodes`` (unique ids) of each id in ``global_ids``."""
+    sorter = np.argsort(nodes)
+    return sorter[np.searchsorted(nodes, global_ids, sorter=sorter)].astype(np.int64)
 
 
 class SageLayer(nn.Module):
@@ -99,12 +127,14 @@ class Sage(nn.Module):
         super().__init__()
         self.first = SageLayer(features, hidden)
         self.second = SageLayer(hidden, classes)
+        self.dropout = nn.Dropout(0.5)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        return self.second(torch.relu(self.first(x, edge_index)), edge_index)
+        hidden = self.dropout(torch.relu(self.first(x, edge_index)))
+        return self.second(hidden, edge_index)
 
 
-# -- the two ways to give each process a session -------------------------------------------------
+# -- the two ways to give each process (or fetch thread) a session -------------------------------
 
 
 def _open_session(hooks: NebulaHooks) -> Any:
@@ -115,18 +145,15 @@ def _close_session(session: Any) -> None:
     session.close()
 
 
+def make_store(session: Callable[[], Any] | None = None) -> NebulaFeatureStore:
+    return NebulaFeatureStore("paper", "feat", "label", GRAPH["feature_dim"], edge="cites",
+                              batch_size=STORE_BATCH, session=session)
+
+
 def torch_store(hooks: NebulaHooks) -> NebulaFeatureStore:
     """For torch's DataLoader: a per-process session, built lazily and keyed on the pid."""
-    import functools
-
     local = mploader.ProcessLocal(functools.partial(_open_session, hooks), close=_close_session)
-    return NebulaFeatureStore("paper", "feat", "label", GRAPH["feature_dim"], edge="cites",
-                              session=local.get)
-
-
-def mploader_store() -> NebulaFeatureStore:
-    """For mploader: the worker's session, from the loader's NebulaHooks."""
-    return NebulaFeatureStore("paper", "feat", "label", GRAPH["feature_dim"], edge="cites")
+    return make_store(session=local.get)
 
 
 def open_sessions(hooks: NebulaHooks) -> int:
@@ -134,100 +161,167 @@ def open_sessions(hooks: NebulaHooks) -> int:
         return len(admin.execute("SHOW SESSIONS").rows()) - 1  # not counting this one
 
 
-def measure(make_loader: Any, batches: int) -> float:
-    """Loader throughput in batches per second over ``batches`` (after one warm-up batch)."""
-    loader = make_loader()
-    iterator = iter(loader)
+# -- measuring -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    rate: float  # batches per second
+    uss: int  # bytes, summed over the worker processes
+    workers: int  # processes
+
+
+def worker_uss(before: set[int], exclude: set[int]) -> tuple[int, int]:
+    """Total USS of this process's children that appeared since ``before``, and their count."""
+    total = count = 0
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in before or child.pid in exclude:
+            continue
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_full_info().uss
+            count += 1
+    return total, count
+
+
+def measure(make_loader: Callable[[], Any], batches: int, exclude: set[int]) -> Run:
+    """Loader throughput over ``batches`` (after one warm-up batch), and its workers' USS."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    iterator = iter(make_loader())
     next(iterator)
     started = time.perf_counter()
-    count = 0
-    for _ in iterator:
-        count += 1
+    for count, _batch in enumerate(iterator, start=1):
         if count == batches:
             break
-    rate = count / (time.perf_counter() - started)
+    rate = batches / (time.perf_counter() - started)
+    uss, workers = worker_uss(before, exclude)
     del iterator
-    return rate
+    return Run(rate, uss, workers)
 
 
 @contextlib.contextmanager
-def nebula_target() -> Iterator[tuple[str, str, str, str]]:
+def nebula_target(latency_ms: float) -> Iterator[tuple[str, str, str, str, set[int]]]:
     address = os.environ.get("NEBULA_ADDR")
     if address:
+        print(f"NebulaGraph at {address} (NEBULA_ADDR); no latency is added")
         yield (address, os.environ.get("NEBULA_USER", "root"),
                os.environ.get("NEBULA_PASSWORD", "nebula"),
-               os.environ.get("NEBULA_SPACE", citation.CITATION_SPACE))
+               os.environ.get("NEBULA_SPACE", citation.CITATION_SPACE), set())
         return
     from nebula_testing.nebula_process import start_server_process
 
     with start_server_process(preload="citation", space=citation.CITATION_SPACE,
                               nodes=GRAPH["num_nodes"], feature_dim=GRAPH["feature_dim"],
-                              classes=GRAPH["num_classes"], seed=GRAPH["seed"]) as server:
-        print(f"started the repository's graphd-compatible server at {server.address}")
-        yield server.address, "root", "nebula", citation.CITATION_SPACE
+                              classes=GRAPH["num_classes"], seed=GRAPH["seed"],
+                              cites_per_node=GRAPH["cites_per_node"],
+                              latency_ms=latency_ms) as server:
+        assert server.process is not None
+        print(f"started the repository's graphd-compatible server at {server.address}, "
+              f"modelling a remote cluster: {latency_ms:g} ms of latency per query "
+              "(--latency-ms 0 turns it off)")
+        yield server.address, "root", "nebula", citation.CITATION_SPACE, {server.process.pid}
 
 
-def train(hooks: NebulaHooks, steps: int) -> None:
+def split_seeds() -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(GRAPH["seed"]).permutation(GRAPH["num_nodes"])
+    cut = int(TRAIN_SHARE * len(order))
+    return order[:cut], order[cut:]
+
+
+def train(hooks: NebulaHooks, epochs: int, threads: int) -> None:
+    train_seeds, test_seeds = split_seeds()
+    torch.manual_seed(0)
     model = Sage(GRAPH["feature_dim"], 64, GRAPH["num_classes"])
-    optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = mploader.DataLoader(NeighbourhoodBatches(mploader_store(), GRAPH["num_nodes"]),
-                                 batch_size=None, shuffle=True, num_workers=2,
-                                 worker_hooks=hooks, generator=torch.Generator().manual_seed(0))
-    losses, correct, seen = [], 0, 0
-    for step, batch in enumerate(loader):
-        if step == steps:
-            break
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+
+    def loader(seeds: np.ndarray, shuffle: bool) -> mploader.DataLoader:
+        return mploader.DataLoader(NeighbourhoodBatches(make_store(), seeds, BATCH_SEEDS),
+                                   batch_size=None, shuffle=shuffle, num_workers=2,
+                                   worker_threads=threads, worker_hooks=hooks,
+                                   generator=torch.Generator().manual_seed(0))
+
+    def seed_part(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(batch["x"], batch["edge_index"])[: batch["num_seeds"]]
-        labels = batch["y"][: batch["num_seeds"]]
-        loss = nn.functional.cross_entropy(logits, labels)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-        losses.append(loss.item())
-        if step >= steps // 2:
+        return logits, batch["y"][: batch["num_seeds"]]
+
+    started = time.perf_counter()
+    first_loss = last_loss = 0.0
+    for epoch in range(epochs):
+        model.train()
+        losses = []
+        for batch in loader(train_seeds, shuffle=True):
+            logits, labels = seed_part(batch)
+            loss = nn.functional.cross_entropy(logits, labels)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.item())
+        first_loss = first_loss or losses[0]
+        last_loss = statistics.mean(losses)
+    model.eval()
+    correct = seen = 0
+    with torch.no_grad():
+        for batch in loader(test_seeds, shuffle=False):
+            logits, labels = seed_part(batch)
             correct += int((logits.argmax(1) == labels).sum())
             seen += len(labels)
-    print(f"trained {steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-          f"accuracy on the second half's seeds {correct / max(seen, 1):.1%}")
+    print(f"trained {epochs} epochs on {len(train_seeds)} papers in "
+          f"{time.perf_counter() - started:.1f} s: loss {first_loss:.2f} -> {last_loss:.2f}; "
+          f"accuracy on {seen} held-out papers {correct / seen:.1%} "
+          f"(chance {1 / GRAPH['num_classes']:.1%}; 10% of labels are noise)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches (a smoke run)")
+    parser.add_argument("--latency-ms", type=float, default=LATENCY_MS,
+                        help=f"the bundled server's latency per query (default {LATENCY_MS:g})")
     arguments = parser.parse_args()
-    # Four workers on a two-core machine is deliberate here (the work is waiting on queries).
+    # More workers than cores is deliberate here (the work is waiting on queries).
     warnings.filterwarnings("ignore", message="This DataLoader will create")
-    batches = 8 if arguments.quick else 30
-    worker_counts = (1, 2) if arguments.quick else (1, 2, 4)
-    with nebula_target() as (address, user, password, space):
+    started = time.perf_counter()
+    batches = 10 if arguments.quick else 40
+    repeats = 1 if arguments.quick else 3
+    torch_workers = (1, 2) if arguments.quick else (1, 2, 4, 8)
+    thread_counts = (4,) if arguments.quick else (4, 8, 16)
+    with nebula_target(arguments.latency_ms) as (address, user, password, space, server_pids):
         hooks = NebulaHooks(parse_addresses(address), user, password, space)
-        train(hooks, steps=10 if arguments.quick else 30)
-        print(f"\nloader throughput, {batches} batches of {BATCH_SEEDS} seeds with fan-out "
-              f"{list(FAN_OUT)} (batches/s, median of 3):")
-        print(f"{'workers':>8} {'torch':>8} {'mploader':>9} {'ratio':>6}   sessions left open "
-              "(torch, mploader)")
-        for workers in worker_counts:
-            rates: dict[str, list[float]] = {"torch": [], "mploader": []}
-            left: dict[str, int] = {}
-            for _ in range(3):
+        train(hooks, epochs=1 if arguments.quick else 4, threads=8)
+
+        seeds = np.random.default_rng(1).permutation(GRAPH["num_nodes"])
+        configs: list[tuple[str, Callable[[], Any]]] = []
+        for workers in torch_workers:
+            configs.append((f"torch, {workers} workers", functools.partial(
+                torch.utils.data.DataLoader,
+                NeighbourhoodBatches(torch_store(hooks), seeds, BATCH_SEEDS),
+                batch_size=None, num_workers=workers)))
+        for threads in thread_counts:
+            configs.append((f"mploader, 2 workers x {threads} threads", functools.partial(
+                mploader.DataLoader, NeighbourhoodBatches(make_store(), seeds, BATCH_SEEDS),
+                batch_size=None, num_workers=2, worker_threads=threads, worker_hooks=hooks)))
+        runs: dict[str, list[Run]] = {name: [] for name, _ in configs}
+        left: dict[str, int] = {}
+        for _ in range(repeats):  # alternate the configurations, then take medians
+            for name, make_loader in configs:
                 before = open_sessions(hooks)
-                rates["torch"].append(measure(lambda w=workers: torch.utils.data.DataLoader(
-                    NeighbourhoodBatches(torch_store(hooks), GRAPH["num_nodes"]),
-                    batch_size=None, num_workers=w), batches))
-                time.sleep(0.2)
-                left["torch"] = open_sessions(hooks) - before
-                before = open_sessions(hooks)
-                rates["mploader"].append(measure(lambda w=workers: mploader.DataLoader(
-                    NeighbourhoodBatches(mploader_store(), GRAPH["num_nodes"]),
-                    batch_size=None, num_workers=w, worker_hooks=hooks), batches))
-                left["mploader"] = open_sessions(hooks) - before
-            torch_rate = statistics.median(rates["torch"])
-            ours = statistics.median(rates["mploader"])
-            print(f"{workers:>8} {torch_rate:>8.1f} {ours:>9.1f} {ours / torch_rate:>5.2f}x"
-                  f"   {left['torch']}, {left['mploader']}")
+                runs[name].append(measure(make_loader, batches, server_pids))
+                time.sleep(0.1)
+                left[name] = open_sessions(hooks) - before
+
+        print(f"\nloader throughput: {batches} batches of {BATCH_SEEDS} seed papers, fan-out "
+              f"{list(FAN_OUT)}, 3 queries per batch at {arguments.latency_ms:g} ms each "
+              f"(median of {repeats}; memory = USS summed over the worker processes)")
+        print(f"{'loader':<36} {'batches/s':>9} {'vs torch 2':>10} {'worker MB':>10} "
+              f"{'sessions left open':>19}")
+        reference = statistics.median(run.rate for run in runs[configs[1][0]])
+        for name, _ in configs:
+            rate = statistics.median(run.rate for run in runs[name])
+            uss = statistics.median(run.uss for run in runs[name]) / 2**20
+            print(f"{name:<36} {rate:>9.1f} {rate / reference:>9.2f}x {uss:>10.0f} "
+                  f"{left[name]:>19}")
         print("\ntorch's workers end without closing their sessions (the server keeps them until "
-              "they time out);\nmploader closes each worker's session at exit through "
+              "they time out);\nmploader closes every fetch thread's session at exit through "
               "NebulaHooks.close_session.")
+    print(f"demo finished in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
