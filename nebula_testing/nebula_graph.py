@@ -8,6 +8,8 @@ in a :class:`QueryResult`; :mod:`nebula_testing.nebula_values` turns them into `
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ class QueryResult:
     columns: list[str] | None = None
     rows: list[list[Any]] = field(default_factory=list)
     scalars: bool = False  # every value is an int, float, str, bool or None (cheap to encode)
+    json_rows: str | None = None  # instead of rows: the executeJson row objects, comma-joined
 
 
 @dataclass
@@ -65,6 +68,9 @@ class Space:
         default_factory=dict
     )
     in_edges: dict[str, dict[Any, dict[tuple[Any, int], None]]] = field(default_factory=dict)
+    # executeJson row objects per statement shape and vid (GraphStore.cached_json_rows); any
+    # change to the space's data or schema empties it
+    json_fragments: dict[Any, dict[Any, str]] = field(default_factory=dict)
 
     def check_vid(self, value: Any) -> int | str:
         if self.vid_type == "INT64":
@@ -75,7 +81,13 @@ class Space:
             return value[: self.vid_length] if self.vid_length else value
         raise semantic_error(f"`{render(value)}', the vid should be type of FIXED_STRING")
 
+    def changed(self) -> None:
+        """Forget what was derived from the data (called on every write)."""
+        if self.json_fragments:
+            self.json_fragments.clear()
+
     def add_vertex(self, vid: Any, tag: str, props: dict[str, Any], overwrite: bool = True) -> None:
+        self.changed()
         tags = self.vertices.setdefault(vid, {})
         if overwrite or tag not in tags:
             tags[tag] = props
@@ -89,6 +101,7 @@ class Space:
         props: dict[str, Any],
         overwrite: bool = True,
     ) -> None:
+        self.changed()
         outgoing = self.out_edges.setdefault(edge, {}).setdefault(src, {})
         if overwrite or (dst, rank) not in outgoing:
             outgoing[(dst, rank)] = props
@@ -118,9 +131,17 @@ class GraphStore:
     # ------------------------------------------------------------------------- statements
 
     def execute(
-        self, statement: syntax.Statement, space_name: str | None, params: dict[str, Any]
+        self,
+        statement: syntax.Statement,
+        space_name: str | None,
+        params: dict[str, Any],
+        for_json: bool = False,
     ) -> QueryResult:
-        """Run one graph statement in ``space_name`` (``None``: no space chosen yet)."""
+        """Run one graph statement in ``space_name`` (``None``: no space chosen yet).
+
+        ``for_json``: the answer goes out as ``executeJson``; a ``GO``/``FETCH`` of a cached
+        shape may then answer with ``json_rows`` (see :meth:`cached_json_rows`).
+        """
         if isinstance(statement, syntax.CreateSpaceStmt):
             return self._create_space(statement)
         if isinstance(statement, syntax.DropSpaceStmt):
@@ -147,9 +168,9 @@ class GraphStore:
         if isinstance(statement, syntax.InsertEdgeStmt):
             return self._insert_edge(space, statement, params)
         if isinstance(statement, syntax.FetchStmt):
-            return self._fetch(space, statement, params)
+            return self._fetch(space, statement, params, for_json)
         if isinstance(statement, syntax.GoStmt):
-            return self._go(space, statement, params)
+            return self._go(space, statement, params, for_json)
         raise QueryError(
             E_EXECUTION_ERROR, f"statement {type(statement).__name__} is not supported"
         )
@@ -178,6 +199,7 @@ class GraphStore:
             if column.default is not None:
                 _coerce(column, evaluate(column.default, RowContext(None, params)))
         registry[statement.name] = Schema(statement.columns)
+        space.changed()
         return QueryResult()
 
     def _row_props(
@@ -273,7 +295,11 @@ class GraphStore:
         return list(dict.fromkeys(values))
 
     def _fetch(
-        self, space: Space, statement: syntax.FetchStmt, params: dict[str, Any]
+        self,
+        space: Space,
+        statement: syntax.FetchStmt,
+        params: dict[str, Any],
+        for_json: bool = False,
     ) -> QueryResult:
         tags = list(space.tags) if statement.tags is None else list(statement.tags)
         for tag in tags:
@@ -282,13 +308,23 @@ class GraphStore:
         vids = self._vids(space, statement, params)
         compiled = _compile_fetch_columns(space, statement, set(tags))
         if compiled is not None:
-            fast_rows = []
             vertex, wanted = space.vertices.get, set(tags)
+            columns = [column.name for column in statement.columns]
+            if for_json and statement.literal_vids is not None and not statement.distinct:
+
+                def fetch_row(vid: Any) -> list[list[Any]]:
+                    stored = vertex(vid)
+                    if stored and not wanted.isdisjoint(stored):
+                        return [[column(vid, stored) for column in compiled]]
+                    return []
+
+                text = self.cached_json_rows(space, statement, vids, fetch_row)
+                return QueryResult(columns, scalars=True, json_rows=text)
+            fast_rows = []
             for vid in vids:
                 stored = vertex(vid)
                 if stored and not wanted.isdisjoint(stored):
                     fast_rows.append([column(vid, stored) for column in compiled])
-            columns = [column.name for column in statement.columns]
             return QueryResult(columns, _distinct(fast_rows, statement), scalars=True)
         rows = []
         for vid in vids:
@@ -303,7 +339,13 @@ class GraphStore:
             [column.name for column in statement.columns], _distinct(rows, statement)
         )
 
-    def _go(self, space: Space, statement: syntax.GoStmt, params: dict[str, Any]) -> QueryResult:
+    def _go(
+        self,
+        space: Space,
+        statement: syntax.GoStmt,
+        params: dict[str, Any],
+        for_json: bool = False,
+    ) -> QueryResult:
         edges = list(space.edges) if statement.edges is None else list(statement.edges)
         for edge in edges:
             if edge not in space.edges:
@@ -317,6 +359,22 @@ class GraphStore:
             ]
             frontier = list(dict.fromkeys(reached))
         compiled = _compile_go_columns(space, statement, set(edges))
+        if compiled is not None and for_json and statement.literal_vids is not None and (
+            statement.steps == 1 and not statement.distinct
+        ):
+            go_columns = compiled
+
+            def go_rows(vid: Any) -> list[list[Any]]:
+                return [
+                    [column(src, dst, name, rank, props) for column in go_columns]
+                    for src, dst, name, rank, props in _edge_tuples(
+                        space, edges, vid, statement.direction
+                    )
+                ]
+
+            text = self.cached_json_rows(space, statement, frontier, go_rows)
+            columns = [column.name for column in statement.columns]
+            return QueryResult(columns, scalars=True, json_rows=text)
         if compiled is not None:
             if statement.direction == "OUT" and len(edges) == 1:  # the common case, inlined
                 name, adjacency = edges[0], space.out_edges.get(edges[0], {})
@@ -345,6 +403,37 @@ class GraphStore:
         return QueryResult(
             [column.name for column in statement.columns], _distinct(rows, statement)
         )
+
+    @staticmethod
+    def cached_json_rows(
+        space: Space,
+        statement: syntax.FetchStmt | syntax.GoStmt,
+        vids: list[Any],
+        rows_of: Callable[[Any], list[list[Any]]],
+    ) -> str:
+        """The ``executeJson`` row objects of ``vids``, comma-joined, from a per-vid cache.
+
+        A sampler asks for the same vertices' rows over and over: each vid's rows (of one
+        statement shape, scalars only) are rendered as JSON once, until the space changes.
+        """
+        shape = dataclasses.replace(statement, literal_vids=None)
+        cache = space.json_fragments.get(shape)
+        if cache is None:
+            if len(space.json_fragments) >= 32:
+                space.json_fragments.clear()
+            cache = space.json_fragments[shape] = {}
+        meta = [None] * len(statement.columns)
+        parts = []
+        for vid in vids:
+            text = cache.get(vid)
+            if text is None:
+                text = ",".join(
+                    json.dumps({"row": row, "meta": meta}) for row in rows_of(vid)
+                )
+                cache[vid] = text
+            if text:
+                parts.append(text)
+        return ",".join(parts)
 
     @staticmethod
     def _edges_of(space: Space, edges: list[str], vid: Any, direction: str) -> list:

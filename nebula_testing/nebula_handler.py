@@ -116,16 +116,18 @@ class ConnectionHandler(GraphService.Iface):
     def executeJsonWithParameter(
         self, sessionId: Any = None, stmt: Any = None, parameterMap: Any = None
     ) -> bytes:
-        return self._answer(sessionId, stmt, parameterMap).to_json()
+        return self._answer(sessionId, stmt, parameterMap, for_json=True).to_json()
 
     # ------------------------------------------------------------------------- helpers
 
-    def _answer(self, session_id: Any, stmt: Any, raw_params: Any) -> _Answer:
+    def _answer(
+        self, session_id: Any, stmt: Any, raw_params: Any, for_json: bool = False
+    ) -> _Answer:
         started = time.perf_counter()
         session: SessionRecord | None = None
         try:
             session = self._session(session_id)
-            result = self._run(session, _text(stmt), raw_params or {})
+            result = self._run(session, _text(stmt), raw_params or {}, for_json)
             code, message = ErrorCode.SUCCEEDED, None
         except QueryError as error:
             result, code, message = QueryResult(), error.code, error.message
@@ -152,7 +154,9 @@ class ConnectionHandler(GraphService.Iface):
             session.update_time = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
             return session
 
-    def _run(self, session: SessionRecord, text: str, raw_params: dict[Any, Any]) -> QueryResult:
+    def _run(
+        self, session: SessionRecord, text: str, raw_params: dict[Any, Any], for_json: bool
+    ) -> QueryResult:
         try:
             statements = self.server.statement_cache.parse(text)
         except ngql.NgqlSyntaxError as error:
@@ -165,11 +169,15 @@ class ConnectionHandler(GraphService.Iface):
         params = {_text(key): from_value(value) for key, value in raw_params.items()}
         result = QueryResult()
         for statement in statements:
-            result = self._run_one(session, statement, params)
+            result = self._run_one(session, statement, params, for_json)
         return result
 
     def _run_one(
-        self, session: SessionRecord, statement: ngql_syntax.Statement, params: dict[str, Any]
+        self,
+        session: SessionRecord,
+        statement: ngql_syntax.Statement,
+        params: dict[str, Any],
+        for_json: bool,
     ) -> QueryResult:
         if isinstance(statement, ngql_syntax.DebugStmt):
             return self._debug(statement)
@@ -192,7 +200,7 @@ class ConnectionHandler(GraphService.Iface):
                 return QueryResult()
             if session.space is not None and session.space not in self.server.store.spaces:
                 session.space = None  # the space was dropped under this session
-            return self.server.store.execute(statement, session.space, params)
+            return self.server.store.execute(statement, session.space, params, for_json)
 
     def _show_sessions(self, only: int | None) -> QueryResult:
         columns = ["SessionId", "UserName", "SpaceName", "CreateTime", "UpdateTime"]
@@ -261,15 +269,23 @@ class _Answer:
         }
         if self.result.columns is not None:
             result["columns"] = list(self.result.columns)
-            if self.result.scalars:  # no vertices, edges or datetimes: no meta, no conversion
+            if self.result.json_rows is not None:  # rendered by the store: put in below
+                result["data"] = _ROWS_PLACEHOLDER
+            elif self.result.scalars:  # no vertices, edges or datetimes: no meta, no conversion
                 meta = [None] * len(self.result.columns)
                 result["data"] = [{"row": row, "meta": meta} for row in self.result.rows]
             else:
                 result["data"] = [_json_row(row) for row in self.result.rows]
-        return json.dumps({"errors": [error], "results": [result]}, default=str).encode()
+        text = json.dumps({"errors": [error], "results": [result]}, default=str)
+        if self.result.json_rows is not None:
+            rows = "[" + self.result.json_rows + "]"
+            text = text.replace(_ROWS_PLACEHOLDER_JSON, rows, 1)
+        return text.encode()
 
 
 _JSON_SCALARS = frozenset((int, str, float, bool, type(None)))
+_ROWS_PLACEHOLDER = "\u0000rows rendered by the graph store\u0000"
+_ROWS_PLACEHOLDER_JSON = json.dumps(_ROWS_PLACEHOLDER)
 
 
 def _json_row(row: list[Any]) -> dict[str, list[Any]]:

@@ -187,3 +187,42 @@ def test_64_sessions_in_parallel_get_only_right_answers(nebula_server: NebulaTar
     assert not errors, errors[:3]
     assert wrong == []
     assert len(set(session_ids)) == sessions
+
+
+def test_json_answers_equal_thrift_answers_and_follow_writes(
+    nebula_server: NebulaTarget, nebula_admin: Any
+) -> None:
+    if nebula_server.real:
+        pytest.skip("creating spaces on a real NebulaGraph takes heartbeats")
+
+    def both(statement: str) -> list[list[Any]]:
+        thrift = [list(row.values()) for row in nebula_admin.execute(statement).as_primitive()]
+        answer = json.loads(nebula_admin.execute_json(statement))
+        assert answer["errors"][0]["code"] == 0, answer
+        assert [entry["row"] for entry in answer["results"][0]["data"]] == thrift
+        return thrift
+
+    setup = [
+        "CREATE SPACE json_rows (vid_type = INT64)",
+        "USE json_rows",
+        "CREATE TAG t(p int, s string)",
+        "CREATE EDGE e(w int)",
+        'INSERT VERTEX t(p, s) VALUES 1:(10, "a"), 2:(20, "b\\"q"), 3:(30, "c")',
+        "INSERT EDGE e(w) VALUES 1->2:(5), 1->3:(6), 2->3:(7)",
+    ]
+    go = "GO FROM 1, 2, 1 OVER e YIELD src(edge) AS s, dst(edge) AS d, e.w AS w"
+    fetch = "FETCH PROP ON t 3, 1, 9, 2 YIELD id(vertex) AS v, t.p AS p, t.s AS s"
+    try:
+        for statement in setup:
+            assert nebula_admin.execute(statement).is_succeeded(), statement
+        for _ in range(2):  # the second time from the server's per-vid cache
+            assert both(go) == [[1, 2, 5], [1, 3, 6], [2, 3, 7]]
+            assert both(fetch) == [[3, 30, "c"], [1, 10, "a"], [2, 20, 'b"q']]
+        writes = ['INSERT VERTEX t(p, s) VALUES 1:(11, "z")', "INSERT EDGE e(w) VALUES 1->4:(8)"]
+        for statement in writes:
+            assert nebula_admin.execute(statement).is_succeeded(), statement
+        assert both(go) == [[1, 2, 5], [1, 3, 6], [1, 4, 8], [2, 3, 7]]
+        assert both(fetch) == [[3, 30, "c"], [1, 11, "z"], [2, 20, 'b"q']]
+    finally:
+        nebula_admin.execute("DROP SPACE IF EXISTS json_rows")
+        nebula_admin.execute(f"USE {nebula_server.space}")
