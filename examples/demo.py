@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import inspect
 import os
 import statistics
 import time
@@ -50,12 +49,6 @@ FAN_OUT = (5, 5)
 TRAIN_SHARE = 0.6
 LATENCY_MS = 5.0  # the bundled server's modelled round trip per query (--latency-ms 0: off)
 STORE_BATCH = 1 << 16  # vertices per GO/FETCH statement: one statement per hop and per fetch
-# worker_threads= arrives with issue 12's loader work; until then the demo runs threads=1 rows
-HAS_WORKER_THREADS = "worker_threads" in inspect.signature(mploader.DataLoader).parameters
-
-
-def thread_options(threads: int) -> dict[str, int]:
-    return {"worker_threads": threads} if HAS_WORKER_THREADS else {}
 
 
 class NeighbourhoodBatches(Dataset):
@@ -176,33 +169,45 @@ class Run:
     rate: float  # batches per second
     uss: int  # bytes, summed over the worker processes
     workers: int  # processes
+    cpu_ms: float  # CPU per batch: worker processes + main process + server
 
 
-def worker_uss(before: set[int], exclude: set[int]) -> tuple[int, int]:
-    """Total USS of this process's children that appeared since ``before``, and their count."""
-    total = count = 0
-    for child in psutil.Process().children(recursive=True):
-        if child.pid in before or child.pid in exclude:
-            continue
+def new_children(before: set[int], exclude: set[int]) -> list[psutil.Process]:
+    """This process's children (recursively) that are not in ``before`` or ``exclude``."""
+    children = psutil.Process().children(recursive=True)
+    return [child for child in children if child.pid not in before | exclude]
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
         with contextlib.suppress(psutil.Error):
-            total += child.memory_full_info().uss
-            count += 1
-    return total, count
+            total += sum(process.cpu_times()[:2])
+    return total
 
 
-def measure(make_loader: Callable[[], Any], batches: int, exclude: set[int]) -> Run:
-    """Loader throughput over ``batches`` (after one warm-up batch), and its workers' USS."""
+def measure(make_loader: Callable[[], Any], seconds: float, server_pids: set[int]) -> Run:
+    """Throughput over ``seconds`` (after one warm-up batch), workers' USS and CPU per batch."""
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     iterator = iter(make_loader())
     next(iterator)
+    workers = new_children(before, server_pids)
+    watched = workers + [psutil.Process(pid) for pid in server_pids]
+    cpu_before = cpu_seconds(watched) + time.process_time()
     started = time.perf_counter()
-    for count, _batch in enumerate(iterator, start=1):
-        if count == batches:
+    count = 0
+    for _batch in iterator:
+        count += 1
+        if count % 8 == 0 and time.perf_counter() - started >= seconds:
             break
-    rate = batches / (time.perf_counter() - started)
-    uss, workers = worker_uss(before, exclude)
+    elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(watched) + time.process_time() - cpu_before
+    uss = 0
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            uss += worker.memory_full_info().uss
     del iterator
-    return Run(rate, uss, workers)
+    return Run(count / elapsed, uss, len(workers), 1000 * cpu / count)
 
 
 @contextlib.contextmanager
@@ -243,7 +248,7 @@ def train(hooks: NebulaHooks, epochs: int, threads: int) -> None:
     def loader(seeds: np.ndarray, shuffle: bool) -> mploader.DataLoader:
         return mploader.DataLoader(NeighbourhoodBatches(make_store(), seeds, BATCH_SEEDS),
                                    batch_size=None, shuffle=shuffle, num_workers=2,
-                                   worker_hooks=hooks, **thread_options(threads),
+                                   worker_hooks=hooks, worker_threads=threads,
                                    generator=torch.Generator().manual_seed(0))
 
     def seed_part(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,17 +292,16 @@ def main() -> None:
     # More workers than cores is deliberate here (the work is waiting on queries).
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     started = time.perf_counter()
-    batches = 10 if arguments.quick else 40
+    seconds = 0.5 if arguments.quick else 2.0
     repeats = 1 if arguments.quick else 3
     torch_workers = (1, 2) if arguments.quick else (1, 2, 4, 8)
     thread_counts = (4,) if arguments.quick else (4, 8, 16)
-    if not HAS_WORKER_THREADS:
-        thread_counts = (1,)
     with nebula_target(arguments.latency_ms) as (address, user, password, space, server_pids):
         hooks = NebulaHooks(parse_addresses(address), user, password, space)
         train(hooks, epochs=1 if arguments.quick else 4, threads=8)
 
-        seeds = np.random.default_rng(1).permutation(GRAPH["num_nodes"])
+        rng = np.random.default_rng(1)  # more seed blocks than any run reads
+        seeds = np.concatenate([rng.permutation(GRAPH["num_nodes"]) for _ in range(8)])
         configs: list[tuple[str, Callable[[], Any]]] = []
         for workers in torch_workers:
             configs.append((f"torch, {workers} workers", functools.partial(
@@ -307,27 +311,41 @@ def main() -> None:
         for threads in thread_counts:
             configs.append((f"mploader, 2 workers x {threads} threads", functools.partial(
                 mploader.DataLoader, NeighbourhoodBatches(make_store(), seeds, BATCH_SEEDS),
-                batch_size=None, num_workers=2, worker_hooks=hooks, **thread_options(threads))))
+                batch_size=None, num_workers=2, worker_hooks=hooks, worker_threads=threads)))
         runs: dict[str, list[Run]] = {name: [] for name, _ in configs}
         left: dict[str, int] = {}
         for _ in range(repeats):  # alternate the configurations, then take medians
             for name, make_loader in configs:
                 before = open_sessions(hooks)
-                runs[name].append(measure(make_loader, batches, server_pids))
+                runs[name].append(measure(make_loader, seconds, server_pids))
                 time.sleep(0.1)
                 left[name] = open_sessions(hooks) - before
 
-        print(f"\nloader throughput: {batches} batches of {BATCH_SEEDS} seed papers, fan-out "
-              f"{list(FAN_OUT)}, 3 queries per batch at {arguments.latency_ms:g} ms each "
-              f"(median of {repeats}; memory = USS summed over the worker processes)")
-        print(f"{'loader':<36} {'batches/s':>9} {'vs torch 2':>10} {'worker MB':>10} "
-              f"{'sessions left open':>19}")
-        reference = statistics.median(run.rate for run in runs[configs[1][0]])
+        print(f"\nloader throughput: batches of {BATCH_SEEDS} seed papers, fan-out "
+              f"{list(FAN_OUT)}, 3 queries per batch at {arguments.latency_ms:g} ms each; "
+              f"median of {repeats} runs of {seconds:g} s.\nworker MB: USS summed over the "
+              "worker processes; CPU ms/batch: worker processes + main process + server")
+        print(f"{'loader':<34} {'batches/s':>9} {'vs torch 2':>10} {'vs torch 8':>10} "
+              f"{'processes':>9} {'worker MB':>9} {'CPU ms/batch':>12} {'sessions left':>13}")
+        rates = {name: statistics.median(run.rate for run in runs[name]) for name in runs}
+        two = rates[configs[1][0]]
+        eight = rates[configs[len(torch_workers) - 1][0]]
+        cpu_per_batch = []
         for name, _ in configs:
-            rate = statistics.median(run.rate for run in runs[name])
-            uss = statistics.median(run.uss for run in runs[name]) / 2**20
-            print(f"{name:<36} {rate:>9.1f} {rate / reference:>9.2f}x {uss:>10.0f} "
-                  f"{left[name]:>19}")
+            done = runs[name]
+            uss = statistics.median(run.uss for run in done) / 2**20
+            cpu = statistics.median(run.cpu_ms for run in done)
+            cpu_per_batch.append(cpu)
+            processes = statistics.median(run.workers for run in done)
+            print(f"{name:<34} {rates[name]:>9.1f} {rates[name] / two:>9.2f}x "
+                  f"{rates[name] / eight:>9.2f}x {processes:>9.0f} {uss:>9.0f} {cpu:>12.1f} "
+                  f"{left[name]:>13}")
+        cores = os.cpu_count() or 1
+        typical = statistics.median(cpu_per_batch)
+        print(f"\nAt about {typical:.0f} ms of CPU per batch (sampling, JSON decoding, the "
+              f"loader, the server), {cores} cores cap any loader near "
+              f"{1000 * cores / typical:.0f} batches/s, less what other processes on the "
+              "machine take;\nthe modelled latency is what more concurrent fetches hide.")
         print("\ntorch's workers end without closing their sessions (the server keeps them until "
               "they time out);\nmploader closes every fetch thread's session at exit through "
               "NebulaHooks.close_session.")
