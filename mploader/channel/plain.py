@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 from mploader.channel.collate import collate_samples
@@ -35,7 +36,9 @@ class PlainMainEnd:
     def discard(self, worker_id: int, payload: bytes) -> None:
         pass
 
-    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
+    def forget_worker(
+        self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
+    ) -> None:
         pass
 
     def statistics(self) -> None:

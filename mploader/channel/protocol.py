@@ -8,7 +8,7 @@ channel (pickling) and the shared-memory channel both implement them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 # Blocks the worker's pool may reuse: given a timeout, returns (block_id, generation) pairs the
@@ -40,8 +40,11 @@ class MainEnd(Protocol):
         """Drop a message without building its batch, returning any blocks it holds."""
         ...
 
-    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
-        """A worker process has ended: remove what only it could have cleaned up."""
+    def forget_worker(
+        self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
+    ) -> None:
+        """A worker process has ended: remove what only it could have cleaned up, except what
+        the ``undelivered`` payloads received from it (still to decode or discard) need."""
         ...
 
     def statistics(self) -> Any: ...

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import time
 import weakref
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -270,7 +271,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _on_worker_end(self, worker_id: int) -> None:
         handle = self._group.handles[worker_id]
-        self._channel.forget_worker(worker_id, handle.pid)
+        self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
         if handle.exhausted and not held:
             return  # its part of the epoch was over; nothing is lost
@@ -290,6 +291,18 @@ class MultiProcessIterator(BaseIterator):
                                "restarts (max_worker_restarts) were used.")
             raise error
         self._restart(worker_id, held, error)
+
+    def _undelivered_of(self, worker_id: int) -> list[bytes]:
+        """Payloads of ``worker_id`` waiting in the table to be decoded: the channel keeps their
+        blocks when the worker ends, so a restart loses none of its finished batches."""
+        undelivered = []
+        for entry in self._table.arrived_of(worker_id):
+            arrived: _Arrived = entry.result
+            if arrived.pinned is not None:
+                futures.wait([arrived.pinned])  # decoded in the pinning thread: done with it
+            elif arrived.payload is not None:
+                undelivered.append(arrived.payload)
+        return undelivered
 
     def _restart(self, worker_id: int, held: list[TaskEntry], death: Any) -> None:
         """Replace the worker and give its tasks, in order, to the replacement."""

@@ -81,6 +81,14 @@ class TaskTable:
             if entry.worker_id == worker_id and entry.state == PENDING
         ]
 
+    def arrived_of(self, worker_id: int) -> list[TaskEntry]:
+        """Results from ``worker_id`` that arrived and wait to be delivered, in task-id order."""
+        return [
+            entry
+            for entry in self._entries.values()
+            if entry.worker_id == worker_id and entry.state == ARRIVED
+        ]
+
     def pending_count(self, worker_id: int | None = None) -> int:
         return sum(
             1

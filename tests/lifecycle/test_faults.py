@@ -19,6 +19,7 @@ import mploader
 from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
 
 from .fault_row import FaultRow
+from .fault_rows_channel import CHANNEL_FAULTS
 from .faulty import CustomError, FailingIter, FailingSetupHooks, Faulty, failing_init
 
 
@@ -69,7 +70,7 @@ LOADER_FAULTS = [
 
 # Every row of the fault table.  Other groups of rows live in their own modules (one list each)
 # and are added here.
-FAULT_TABLE: list[FaultRow] = [*LOADER_FAULTS]
+FAULT_TABLE: list[FaultRow] = [*LOADER_FAULTS, *CHANNEL_FAULTS]
 
 
 @pytest.mark.parametrize("row", FAULT_TABLE, ids=lambda row: row.id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from mploader.channel.collate import collate_samples
 from mploader.channel.protocol import OnRelease, WaitForRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
+from mploader.channel.shm.errors import BlockVanishedError
 from mploader.channel.shm.names import (
     block_name,
     check_loader_tag,
@@ -135,7 +137,12 @@ class WorkerChannel:
 
 class _WorkerIncarnation:
     """One worker process as the main process sees it: its mapped blocks, and whether releases
-    of its blocks should still be reported (not after it died or the channel closed)."""
+    of its blocks should still be reported (not after it died or the channel closed).
+
+    After the process ended, an incarnation whose results are still waiting to be decoded (in the
+    iterator's task table) is kept as *departed*: ``mappings`` then holds exactly the blocks of
+    those results, each dropped when its result is decoded or discarded.
+    """
 
     __slots__ = ("alive", "mappings", "worker_id", "worker_pid")
 
@@ -198,6 +205,9 @@ class MainChannel:
         self._loader_tag = loader_tag
         self._route = _ReleaseRoute(on_release)
         self._workers: dict[int, _WorkerIncarnation] = {}
+        # Ended workers (by pid) whose received results still wait to be decoded or discarded.
+        self._departed: dict[int, _WorkerIncarnation] = {}
+        self._ended_pids: set[int] = set()
         self._reported: dict[int, tuple] = {}
         self._decodes = 0
         self._discards = 0
@@ -224,21 +234,38 @@ class MainChannel:
         incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
         if block_ref is not None:
             block_id, generation = block_ref[0], block_ref[1]
-            self._route.release(incarnation, block_id, generation)
+            if incarnation.alive:
+                self._route.release(incarnation, block_id, generation)
+            else:
+                self._settle_departed(incarnation, block_id)
 
-    def forget_worker(self, worker_id: int, worker_pid: int | None) -> None:
-        """The worker exited or died: drop its mappings, stop reporting releases for its blocks,
-        and unlink names it left behind. Views already handed out stay valid.
+    def forget_worker(
+        self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
+    ) -> None:
+        """The worker exited or died: stop reporting releases for its blocks, drop its mappings
+        and unlink every name it left behind. Views already handed out stay valid.
 
-        Call it before a replacement with the same ``worker_id`` sends results, and after the
-        dead worker's last received payload was decoded or discarded.
+        ``undelivered`` are the payloads received from it that will still be decoded or
+        discarded (results waiting in the task table): their blocks are mapped now, before the
+        names go, and stay mapped until each payload is decoded or discarded. Call it before a
+        replacement with the same ``worker_id`` sends results.
         """
         with self._route.lock:
             incarnation = self._workers.get(worker_id)
             if incarnation is not None and worker_pid in (None, incarnation.worker_pid):
                 del self._workers[worker_id]
                 incarnation.alive = False
-                incarnation.mappings.clear()
+            elif worker_pid is not None:
+                incarnation = _WorkerIncarnation(worker_id, worker_pid)
+                incarnation.alive = False
+            else:
+                incarnation = None
+            if incarnation is not None:
+                self._ended_pids.add(incarnation.worker_pid)
+                kept = self._retain(incarnation, undelivered)
+                incarnation.mappings = kept
+                if kept:
+                    self._departed[incarnation.worker_pid] = incarnation
         unlink_loader_names(self._loader_tag, worker_id, worker_pid)
 
     def statistics(self) -> ChannelStatistics:
@@ -270,10 +297,11 @@ class MainChannel:
         self._closed = True
         with self._route.lock:
             self._route.open = False
-            for incarnation in self._workers.values():
+            for incarnation in [*self._workers.values(), *self._departed.values()]:
                 incarnation.alive = False
                 incarnation.mappings.clear()
             self._workers.clear()
+            self._departed.clear()
         unlink_loader_names(self._loader_tag)
 
     def __enter__(self) -> MainChannel:
@@ -288,6 +316,19 @@ class MainChannel:
         self, worker_id: int, worker_pid: int, retired: tuple[int, ...], statistics: tuple
     ) -> _WorkerIncarnation:
         """Find (or start) the worker's incarnation, record its stats, unmap retired blocks."""
+        with self._route.lock:
+            departed = self._departed.get(worker_pid)
+            if departed is not None:
+                return departed  # a result of a worker that ended, still to deliver
+            if worker_pid in self._ended_pids:  # its blocks are gone: nothing to map, or report
+                ended = _WorkerIncarnation(worker_id, worker_pid)
+                ended.alive = False
+                return ended
+            return self._current_incarnation(worker_id, worker_pid, retired, statistics)
+
+    def _current_incarnation(
+        self, worker_id: int, worker_pid: int, retired: tuple[int, ...], statistics: tuple
+    ) -> _WorkerIncarnation:
         incarnation = self._workers.get(worker_id)
         if incarnation is None or incarnation.worker_pid != worker_pid:
             if incarnation is not None:  # replaced without forget_worker: same effect
@@ -308,21 +349,55 @@ class MainChannel:
     ) -> np.ndarray:
         """The ``uint8`` base array of this batch's views, released when its last view dies."""
         mapping = incarnation.mappings.get(block_id)
-        if mapping is None or mapping.size != block_size:
-            name = block_name(
-                self._loader_tag,
-                incarnation.worker_id,
-                incarnation.worker_pid,
-                block_id & _SEQUENCE_MASK,
-            )
+        if not incarnation.alive:  # a departed worker's result: its block was mapped when it ended
+            self._settle_departed(incarnation, block_id)
+        elif mapping is None or mapping.size != block_size:
+            name = self._block_name(incarnation, block_id)
             mapping = open_block(name, block_size)
             unlink_quietly(name)  # both sides hold it now; nothing can leak past our mapping
             incarnation.mappings[block_id] = mapping
+        if mapping is None:
+            raise BlockVanishedError(
+                f"shared-memory block {block_id & _SEQUENCE_MASK} of worker "
+                f"{incarnation.worker_id} (pid {incarnation.worker_pid}) is gone: the worker ended "
+                f"and this result was not among those forget_worker() was told to keep"
+            )
         lease = _Lease(mapping, used_bytes)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
         self._leases += 1
         return np.asarray(lease)
+
+    def _retain(
+        self, incarnation: _WorkerIncarnation, undelivered: Sequence[bytes]
+    ) -> dict[int, Mapping]:
+        """The mappings of the blocks ``undelivered`` payloads refer to: cached, or mapped now
+        (while the worker's names still exist)."""
+        kept: dict[int, Mapping] = {}
+        for payload in undelivered:
+            _, worker_pid, block_ref, _, _ = LeafDecoder(payload).envelope()
+            if block_ref is None or worker_pid != incarnation.worker_pid:
+                continue
+            block_id, _, block_size, _ = block_ref
+            mapping = incarnation.mappings.get(block_id)
+            if mapping is None or mapping.size != block_size:
+                mapping = open_block(self._block_name(incarnation, block_id), block_size)
+            kept[block_id] = mapping
+        return kept
+
+    def _settle_departed(self, incarnation: _WorkerIncarnation, block_id: int) -> None:
+        """A departed worker's result was decoded or discarded: its block is no longer ours to
+        keep (a lease, if any, holds the mapping itself)."""
+        with self._route.lock:
+            incarnation.mappings.pop(block_id, None)
+            if not incarnation.mappings:
+                self._departed.pop(incarnation.worker_pid, None)
+
+    def _block_name(self, incarnation: _WorkerIncarnation, block_id: int) -> str:
+        return block_name(
+            self._loader_tag, incarnation.worker_id, incarnation.worker_pid,
+            block_id & _SEQUENCE_MASK,
+        )
 
     def _check_open(self) -> None:
         if self._closed:
