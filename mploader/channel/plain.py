@@ -28,6 +28,9 @@ class PlainWorkerEnd:
     def close(self) -> None:
         pass
 
+    def abandon(self) -> None:
+        pass
+
 
 class PlainMainEnd:
     def decode(self, worker_id: int, payload: bytes) -> Any:

@@ -32,6 +32,11 @@ class WorkerEnd(Protocol):
 
     def close(self) -> None: ...
 
+    def abandon(self) -> None:
+        """The main process is gone: remove at once (from another thread) what the worker
+        holds in ``/dev/shm``; the process is about to exit."""
+        ...
+
 
 class MainEnd(Protocol):
     def decode(self, worker_id: int, payload: bytes) -> Any: ...

@@ -129,7 +129,7 @@ class WorkerLoop:
                     spec.worker_threads, spec.dataset, spec.auto_collation
                 )
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None))
-        self.watchdog.start_thread()
+        self.watchdog.start_thread(self.channel.abandon)
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
 
     def start_epoch(self, first: bool = False) -> None:

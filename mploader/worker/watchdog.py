@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 # How often an idle worker checks its parent; also the wait timeout of the worker's read loop.
 CHECK_INTERVAL_SECONDS = 0.5
@@ -35,11 +36,18 @@ class ParentWatchdog:
             return True
         return True
 
-    def start_thread(self) -> None:
-        threading.Thread(target=self._watch, name="mploader-watchdog", daemon=True).start()
+    def start_thread(self, on_parent_gone: Callable[[], None]) -> None:
+        """Watch from a daemon thread; when the parent is gone, call ``on_parent_gone`` at once
+        (it removes what the worker has in ``/dev/shm``: ``os._exit`` would skip that), then end
+        the process after the grace period."""
+        threading.Thread(target=self._watch, args=(on_parent_gone,), name="mploader-watchdog",
+                         daemon=True).start()
 
-    def _watch(self) -> None:
+    def _watch(self, on_parent_gone: Callable[[], None]) -> None:
         while self.parent_alive():
             time.sleep(CHECK_INTERVAL_SECONDS)
-        time.sleep(BUSY_GRACE_SECONDS)
-        os._exit(0)
+        try:
+            on_parent_gone()
+        finally:
+            time.sleep(BUSY_GRACE_SECONDS)
+            os._exit(0)

@@ -35,3 +35,20 @@ class SlowAndKilled(Dataset):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return torch.full((self.numel,), float(index))
+
+
+class Blocks(Dataset):
+    """Item i: ``numel`` float32 elements equal to i (1 MiB by default: through a block); items
+    from ``slow_from`` on sleep ``sleep`` seconds first (a worker busy in a long item)."""
+
+    def __init__(self, length: int, numel: int = MiB // 4, slow_from: int | None = None,
+                 sleep: float = 0.0) -> None:
+        self.length, self.numel, self.slow_from, self.sleep = length, numel, slow_from, sleep
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.slow_from is not None and index >= self.slow_from:
+            time.sleep(self.sleep)
+        return torch.full((self.numel,), float(index))

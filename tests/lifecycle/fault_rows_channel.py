@@ -3,14 +3,52 @@ fork children, a killed main process.  Joined into ``FAULT_TABLE`` by ``test_fau
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
+import time
+
+import psutil
+import pytest
 
 import mploader
 from mploader.config import SharedMemoryConfig
 
-from .channel_faulty import MiB, SlowAndKilled
+from .channel_faulty import Blocks, MiB, SlowAndKilled
 from .fault_row import FaultRow
 
+SHM = "/dev/shm"
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOBODY = 65534
+
+
+def _epoch(loader: mploader.DataLoader) -> list[int]:
+    """Every batch's value, each batch checked intact."""
+    values = []
+    for batch in loader:
+        value = int(batch[0])
+        assert bool((batch == value).all()), f"batch {value} is not intact"
+        values.append(value)
+    return values
+
+
+def _entries(prefix: str) -> set[str]:
+    return {name for name in os.listdir(SHM) if name.startswith(prefix)}
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+# -- 1. a restart keeps the finished batches --------------------------------------------------
 
 def _restart_keeps_the_epoch(start_method: str) -> None:
     """Worker 1 is SIGKILLed twice while its finished batches wait in the task table behind a slow
@@ -32,6 +70,201 @@ def _restart_keeps_the_epoch(start_method: str) -> None:
         assert iterator.stats().restarts == 2
 
 
+# -- 2. another user's stale entry ------------------------------------------------------------
+
+def _as_nobody(action: str, argument: str, connection) -> None:  # in a forked child
+    try:
+        # nobody cannot read this machine's Python (/root is 0700): import now what the loader
+        # imports lazily, while we are still root.
+        import mploader.channel.shm
+        import mploader.worker.loop
+
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        if action == "create":
+            path = os.path.join(SHM, argument)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+            connection.send("ok")
+        else:  # a whole epoch of a loader of nobody's, its start-up sweep included
+            values = _epoch(mploader.DataLoader(Blocks(4), batch_size=None, num_workers=2,
+                                                multiprocessing_context="fork"))
+            connection.send("ok" if values == list(range(4)) else f"epoch {values}")
+    except BaseException as error:
+        connection.send(f"{type(error).__name__}: {error}")
+    finally:
+        connection.close()
+
+
+def _run_as_nobody(action: str, argument: str = "") -> str:
+    context = multiprocessing.get_context("fork")  # nobody cannot exec this machine's python
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_as_nobody, args=(action, argument, theirs))
+    process.start()
+    theirs.close()
+    try:
+        return str(ours.recv()) if ours.poll(60) else "no answer"
+    finally:
+        process.join(10)
+        ours.close()
+
+
+def other_users_scenario(start_method: str) -> None:
+    """Run by ``_other_users_entries_are_left_alone`` in a private /dev/shm, as root."""
+    dead = _dead_pid()
+    roots = os.path.join(SHM, f"mploader-{dead}-0_root-0-{dead}-0")
+    nobodys = os.path.join(SHM, f"mploader-{dead}-0_nobody-0-{dead}-0")
+    os.close(os.open(roots, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    # nobody's loader meets root's stale entry: no PermissionError, and it stays
+    assert _run_as_nobody("loader") == "ok"
+    assert os.path.exists(roots)
+    # root's loader meets nobody's stale entry: sweeps its own stale entry, not nobody's
+    assert _run_as_nobody("create", os.path.basename(nobodys)) == "ok"
+    assert os.stat(nobodys).st_uid == NOBODY
+    values = _epoch(mploader.DataLoader(Blocks(4), batch_size=None, num_workers=2,
+                                        multiprocessing_context=start_method))
+    assert values == list(range(4))
+    assert os.path.exists(nobodys)
+    assert not os.path.exists(roots)
+    os.unlink(nobodys)
+    assert os.listdir(SHM) == [], os.listdir(SHM)
+
+
+def _other_users_entries_are_left_alone(start_method: str) -> None:
+    """/dev/shm is sticky: a stale entry of another user must not break anyone's loader (no
+    PermissionError), and is swept by nobody but its owner (not by root either).  Runs in a
+    private /dev/shm (a mount namespace), where the sweeps of other loaders on this machine cannot
+    remove the planted stale entries first."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to play a second user (nobody) and mount a private /dev/shm")
+    _run_in_private_dev_shm(
+        f"from tests.lifecycle.fault_rows_channel import other_users_scenario\n"
+        f"other_users_scenario({start_method!r})\n"
+    )
+
+
+def _run_in_private_dev_shm(script: str) -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare(1) is not installed")
+    command = (f"mount -t tmpfs -o size=256m,mode=1777 tmpfs {SHM} && "
+               f"exec {shlex.quote(sys.executable)} -c {shlex.quote(PREAMBLE + script)}")
+    probe = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c",
+                            f"mount -t tmpfs tmpfs {SHM}"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()}")
+    run = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", command],
+                         capture_output=True, text=True, timeout=120, cwd=REPOSITORY)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+PREAMBLE = f"import sys\nsys.path.insert(0, {REPOSITORY!r})\n"
+
+
+# -- 3. a loader in another pid namespace -------------------------------------------------------
+
+OTHER_NAMESPACE = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {repository!r})
+    import mploader
+    from tests.lifecycle.channel_faulty import Blocks
+    loader = mploader.DataLoader(Blocks(2), batch_size=None, num_workers=1,
+                                 multiprocessing_context="fork")
+    print(os.getpid(), [int(batch[0]) for batch in loader], flush=True)
+    """
+)
+
+
+def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
+    """A loader runs here while another starts in a fresh pid namespace (sharing /dev/shm, as
+    containers with --ipc=host do), where our pids mean nothing: our blocks must survive its
+    start-up sweep, and its own entries must not outlive it."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare(1) is not installed")
+    probe = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no new pid namespace here: {probe.stderr.strip()}")
+    loader = mploader.DataLoader(Blocks(12), batch_size=None, num_workers=2, prefetch_factor=2,
+                                 multiprocessing_context=start_method)
+    iterator = iter(loader)
+    values = [int(next(iterator)[0])]
+    ours = f"mploader-{os.getpid()}-"
+    deadline = time.monotonic() + 10
+    while not {n for n in _entries(ours) if not n.endswith("-lock")} and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)  # results wait, unmapped, in the pipes: their names are in /dev/shm
+    before = _entries("mploader-")
+    other = subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+         OTHER_NAMESPACE.format(repository=REPOSITORY)],
+        capture_output=True, text=True, timeout=60, cwd=REPOSITORY,
+    )
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.split(" ", 1) == ["1", "[0, 1]\n"]  # pid 1 over there
+    for batch in iterator:
+        value = int(batch[0])
+        assert bool((batch == value).all())
+        values.append(value)
+    assert values == list(range(12))
+    assert not {n for n in _entries("mploader-1-") if n not in before}  # nothing of theirs left
+
+
+# -- 9. a worker busy when its main process is SIGKILLed ----------------------------------------
+
+KILLED_MAIN = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repository!r})
+    import mploader
+    from tests.lifecycle.channel_faulty import Blocks
+    loader = mploader.DataLoader(Blocks(8, slow_from=2, sleep=30), batch_size=None, num_workers=1,
+                                 prefetch_factor=2, multiprocessing_context={start_method!r})
+    iterator = iter(loader)
+    first = next(iterator)
+    print(" ".join(str(p.pid) for p in iterator._workers), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def _killed_main_leaves_nothing(start_method: str) -> None:
+    """The main process is SIGKILLed while its worker is busy in a 30 s item and the worker's
+    previous batch waits unmapped in the pipe: once the worker is gone (a few seconds: it notices
+    the parent's death), nothing of the loader is left in /dev/shm, with no later sweep."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MAIN.format(repository=REPOSITORY,
+                                                  start_method=start_method)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPOSITORY,
+    )
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert workers, "the loader did not start"
+        prefix = f"mploader-{parent.pid}-"
+        deadline = time.monotonic() + 10
+        while not {n for n in _entries(prefix) if not n.endswith("-lock")} and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert {n for n in _entries(prefix) if not n.endswith("-lock")}, "no block to leave"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while any(psutil.pid_exists(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in workers if psutil.pid_exists(pid)], "worker outlived its main"
+        assert _entries(prefix) == set()
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdin.close()
+        parent.stdout.close()
+
+
 CHANNEL_FAULTS: list[FaultRow] = [
     FaultRow("restart_keeps_finished_batches", _restart_keeps_the_epoch),
+    FaultRow("other_users_stale_entry", _other_users_entries_are_left_alone),
+    FaultRow("pid_namespaces", _pid_namespaces_do_not_confuse_the_sweep),
+    FaultRow("killed_main_busy_worker", _killed_main_leaves_nothing),
 ]

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from mploader.channel.shm import MainChannel, WorkerChannel, new_loader_tag
+from mploader.channel.shm.liveness import lock_name
 from mploader.channel.shm.names import list_names
 from mploader.config import SharedMemoryConfig
 
 
 def names_of(loader_tag: str) -> list[str]:
-    return [name for name in list_names() if name.startswith(f"mploader-{loader_tag}-")]
+    """The loader's block names (its lock file, ``mploader-<tag>-lock``, is not a block)."""
+    return [name for name in list_names()
+            if name.startswith(f"mploader-{loader_tag}-") and name != lock_name(loader_tag)]
 
 
 class Loopback:
@@ -135,6 +138,7 @@ def own_block_then_wait(connection: Any, config: SharedMemoryConfig) -> None:
 
     torch.set_num_threads(1)
     tag = new_loader_tag()
+    main = MainChannel(config, tag, lambda *release: None)  # holds the loader's lock  # noqa: F841
     channel = WorkerChannel(config, 0, 1, tag)
     channel.encode(make_batch("big", 1), lambda timeout: [])
     connection.send(tag)

@@ -31,9 +31,11 @@ from mploader.channel.protocol import OnRelease, WaitForRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.errors import BlockVanishedError
+from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
 from mploader.channel.shm.names import (
     block_name,
     check_loader_tag,
+    remove_loader_leftovers,
     unlink_loader_names,
     unlink_quietly,
 )
@@ -63,7 +65,9 @@ class WorkerChannel:
         check_loader_tag(loader_tag)
         self.worker_id = worker_id
         self._config = config
+        self._loader_tag = loader_tag
         self._worker_pid = os.getpid()
+        self._lock = LoaderLock(loader_tag, create=False)
         budget = config.effective_budget_bytes() // max(num_workers, 1)
         self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes)
         self._inline_leaves = 0
@@ -99,11 +103,29 @@ class WorkerChannel:
         )
 
     def close(self) -> None:
-        """Unlink every name the pool still has and unmap its blocks. Idempotent."""
+        """Unlink every name the pool still has and unmap its blocks. Idempotent.
+
+        The last process of a loader to close (a worker whose main process was killed) also
+        removes whatever else of the loader is left in ``/dev/shm``.
+        """
         if self._closed:
             return
         self._closed = True
         self._pool.close()
+        self._let_go()
+
+    def abandon(self) -> None:
+        """The main process is gone (called from the watchdog thread while the worker may be in
+        the middle of a batch): unlink every name of this worker, the block being written
+        included, and refuse new blocks; the process is about to exit. Idempotent."""
+        self._pool.abandon()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._lock.release()
+        claim = claim_if_abandoned(self._loader_tag)
+        if isinstance(claim, Claim):  # nobody else of the loader is left: clean up after it
+            remove_loader_leftovers(self._loader_tag, claim)
 
     def __enter__(self) -> WorkerChannel:
         return self
@@ -203,6 +225,7 @@ class MainChannel:
     ) -> None:
         check_loader_tag(loader_tag)
         self._loader_tag = loader_tag
+        self._lock = LoaderLock(loader_tag, create=True)  # "alive", for every sweeper
         self._route = _ReleaseRoute(on_release)
         self._workers: dict[int, _WorkerIncarnation] = {}
         # Ended workers (by pid) whose received results still wait to be decoded or discarded.
@@ -303,6 +326,7 @@ class MainChannel:
             self._workers.clear()
             self._departed.clear()
         unlink_loader_names(self._loader_tag)
+        self._lock.release(remove=True)
 
     def __enter__(self) -> MainChannel:
         return self

@@ -2,8 +2,9 @@
 
 Every block is a file ``/dev/shm/mploader-<main_pid>-<counter>-<worker_id>-<worker_pid>-<seq>``:
 
-- ``<main_pid>-<counter>`` is the loader tag, unique per iterator of one main process. Its main pid
-  lets :func:`sweep_orphans` recognise blocks of a main process that was SIGKILLed.
+- ``<main_pid>-<counter>`` is the loader tag, unique per iterator (the counter carries a random
+  part, so loaders in different pid namespaces sharing ``/dev/shm`` never collide). The loader's
+  lock file ``mploader-<tag>-lock`` (``liveness.py``) says whether any process of it is alive.
 - ``<worker_id>-<worker_pid>`` lets ``MainChannel.forget_worker`` remove the names of a dead
   worker without touching those of its replacement.
 - ``<seq>`` counts blocks within one worker process.
@@ -18,9 +19,11 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import secrets
 
 import psutil
 
+from mploader.channel.shm.liveness import LOCK_SUFFIX, Claim, claim_if_abandoned
 from mploader.config import SHM_DIRECTORY
 
 NAME_PREFIX = "mploader-"
@@ -29,13 +32,18 @@ NAME_PREFIX = "mploader-"
 # prefix "mploader-<tag>-" of one tag is never a prefix of another tag's names.
 _TAG_PATTERN = re.compile(r"^(\d+)-([A-Za-z0-9_.]+)$")
 _NAME_PATTERN = re.compile(r"^mploader-(\d+)-([A-Za-z0-9_.]+)-(\d+)-(\d+)-(\d+)$")
+_LOCK_PATTERN = re.compile(r"^mploader-(\d+)-([A-Za-z0-9_.]+)" + re.escape(LOCK_SUFFIX) + "$")
 
 _tag_counter = itertools.count()
 
 
 def new_loader_tag() -> str:
-    """A fresh tag for one iterator of this process: ``"<pid>-<counter>"``."""
-    return f"{os.getpid()}-{next(_tag_counter)}"
+    """A fresh tag for one iterator of this process: ``"<pid>-<counter>_<random>"``.
+
+    The random part keeps tags apart across pid namespaces, where two main processes may have the
+    same pid (often 1) and share ``/dev/shm``.
+    """
+    return f"{os.getpid()}-{next(_tag_counter)}_{secrets.token_hex(4)}"
 
 
 def check_loader_tag(loader_tag: str) -> int:
@@ -87,24 +95,51 @@ def unlink_loader_names(
     return sum(unlink_quietly(name) for name in list_names() if name.startswith(prefix))
 
 
-def sweep_orphans() -> int:
-    """Remove ``/dev/shm/mploader-*`` entries whose main process no longer exists.
+def remove_loader_leftovers(loader_tag: str, claim: Claim) -> int:
+    """Unlink every name of a loader whose lock we claimed (its lock file included)."""
+    try:
+        return unlink_loader_names(loader_tag)
+    finally:
+        claim.finish()
 
-    Covers a main process killed with SIGKILL (nothing of it ran to clean up). Entries whose main
-    process is alive are left alone even if their worker is dead: that main process's own
-    ``forget_worker``/``close`` removes them, and it may still be about to map them. Returns how
-    many entries were removed.
+
+def sweep_orphans() -> int:
+    """Remove this user's ``/dev/shm/mploader-*`` entries of loaders with no process left.
+
+    Only entries owned by this process's user are looked at: ``/dev/shm`` is sticky, so another
+    user's entries are not ours to remove (nor, as root, ours to judge). A loader is alive while
+    some process holds its lock file (see ``liveness.py``), in whatever pid namespace it runs.
+    Entries of a loader with no lock file come from an mploader made before the lock (or from a
+    sweep interrupted half way) and are judged by their main process's pid and start time.
+    Returns how many entries were removed.
     """
-    removed = 0
+    uid = os.geteuid()
+    tags: dict[str, list[str]] = {}
     for name in list_names():
-        match = _NAME_PATTERN.match(name)
-        if match is None:
+        match = _NAME_PATTERN.match(name) or _LOCK_PATTERN.match(name)
+        if match is None or not _owned_by(name, uid):
             continue
-        main_pid = int(match.group(1))
-        if _process_alive_since(main_pid, block_path(name)):
+        tags.setdefault(f"{match.group(1)}-{match.group(2)}", []).append(name)
+    removed = 0
+    for loader_tag, names in tags.items():
+        claim = claim_if_abandoned(loader_tag)
+        if isinstance(claim, Claim):
+            removed += remove_loader_leftovers(loader_tag, claim)
             continue
-        removed += unlink_quietly(name)
+        if claim is None:
+            continue  # some process of the loader holds its lock: alive
+        main_pid = int(loader_tag.split("-", 1)[0])
+        for name in names:
+            if not _process_alive_since(main_pid, block_path(name)):
+                removed += unlink_quietly(name)
     return removed
+
+
+def _owned_by(name: str, uid: int) -> bool:
+    try:
+        return os.lstat(block_path(name)).st_uid == uid
+    except FileNotFoundError:
+        return False
 
 
 def _process_alive_since(pid: int, path: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -20,8 +21,12 @@ import numpy as np
 
 from mploader.channel.protocol import WaitForRelease
 from mploader.channel.shm import block as shm_block
-from mploader.channel.shm.errors import BatchTooLargeError, SharedMemoryFullError
-from mploader.channel.shm.names import block_name, unlink_quietly
+from mploader.channel.shm.errors import (
+    BatchTooLargeError,
+    SharedMemoryError,
+    SharedMemoryFullError,
+)
+from mploader.channel.shm.names import block_name, unlink_loader_names, unlink_quietly
 
 _PAGE = 4096
 
@@ -93,6 +98,10 @@ class BlockPool:
         self._sequence = itertools.count()
         self._clock = itertools.count(1)
         self._retired: list[int] = []
+        # Held while a block is created and registered, so that abandon() (the watchdog thread)
+        # sees every name this pool ever made, the one being created included.
+        self._create_lock = threading.Lock()
+        self._abandoned = False
         self._warned_spill = False
         self._spilling = False  # spilled, and the consumer has dropped nothing since
         self.spills = 0
@@ -157,6 +166,14 @@ class BlockPool:
         self._blocks.clear()
         self.bytes = 0
 
+    def abandon(self) -> None:
+        """The main process is gone: unlink every name of this worker process (even one being
+        created or written this very moment, in another thread) and create no more.  The
+        mappings stay: the worker's own thread may still be writing into them."""
+        with self._create_lock:
+            self._abandoned = True
+            unlink_loader_names(self._loader_tag, self.worker_id, self.worker_pid)
+
     @property
     def blocks(self) -> int:
         return len(self._blocks)
@@ -206,6 +223,15 @@ class BlockPool:
         return best
 
     def _create(self, size: int) -> Block:
+        with self._create_lock:
+            if self._abandoned:
+                raise SharedMemoryError(
+                    f"worker {self.worker_id} (pid {self.worker_pid}) creates no more "
+                    f"shared-memory blocks: its main process is gone"
+                )
+            return self._create_named(size)
+
+    def _create_named(self, size: int) -> Block:
         sequence = next(self._sequence)
         name = block_name(self._loader_tag, self.worker_id, self.worker_pid, sequence)
         try:
