@@ -7,14 +7,12 @@ import multiprocessing
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 
-import psutil
 import pytest
 
 import mploader
@@ -214,52 +212,14 @@ def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
 
 # -- 9. a worker busy when its main process is SIGKILLed ----------------------------------------
 
-KILLED_MAIN = textwrap.dedent(
-    """
-    import sys
-    sys.path.insert(0, {repository!r})
-    import mploader
-    from tests.lifecycle.channel_faulty import Blocks
-    loader = mploader.DataLoader(Blocks(8, slow_from=2, sleep=30), batch_size=None, num_workers=1,
-                                 prefetch_factor=2, multiprocessing_context={start_method!r})
-    iterator = iter(loader)
-    first = next(iterator)
-    print(" ".join(str(p.pid) for p in iterator._workers), flush=True)
-    sys.stdin.readline()
-    """
-)
-
-
 def _killed_main_leaves_nothing(start_method: str) -> None:
     """The main process is SIGKILLed while its worker is busy in a 30 s item and the worker's
-    previous batch waits unmapped in the pipe: once the worker is gone (a few seconds: it notices
-    the parent's death), nothing of the loader is left in /dev/shm, with no later sweep."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", KILLED_MAIN.format(repository=REPOSITORY,
-                                                  start_method=start_method)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPOSITORY,
+    previous batch waits unmapped in the pipe: once the worker is gone, nothing of the loader is
+    left in /dev/shm, with no later sweep.  Runs in a private /dev/shm, where no other loader's
+    sweep can remove the leftovers first (``killed_main.py`` has the scenario)."""
+    _run_in_private_dev_shm(
+        f"from tests.lifecycle.killed_main import scenario\nscenario({start_method!r})\n"
     )
-    try:
-        workers = [int(pid) for pid in parent.stdout.readline().split()]
-        assert workers, "the loader did not start"
-        prefix = f"mploader-{parent.pid}-"
-        deadline = time.monotonic() + 10
-        while not {n for n in _entries(prefix) if not n.endswith("-lock")} and \
-                time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert {n for n in _entries(prefix) if not n.endswith("-lock")}, "no block to leave"
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        deadline = time.monotonic() + 15
-        while any(psutil.pid_exists(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in workers if psutil.pid_exists(pid)], "worker outlived its main"
-        assert _entries(prefix) == set()
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdin.close()
-        parent.stdout.close()
 
 
 CHANNEL_FAULTS: list[FaultRow] = [
