@@ -37,7 +37,7 @@ def _no_wait(timeout: float) -> list[tuple[int, int]]:
 
 
 def _collect_into(releases: list[tuple[int, int]]) -> Callable[[int, int, int], None]:
-    def on_release(worker_id: int, block_id: int, generation: int) -> None:
+    def on_release(worker_id: int, block_id: int, generation: int, retire: bool = False) -> None:
         releases.append((block_id, generation))
 
     return on_release

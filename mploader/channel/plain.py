@@ -22,6 +22,9 @@ class PlainWorkerEnd:
     def release(self, block_id: int, generation: int) -> None:
         raise AssertionError("plain pickling holds no shared-memory blocks")
 
+    def retire(self, block_id: int, generation: int) -> None:
+        raise AssertionError("plain pickling holds no shared-memory blocks")
+
     def statistics(self) -> None:
         return None
 

@@ -15,8 +15,16 @@ from typing import Any, Protocol
 # main process released (an empty list when none came in time).
 WaitForRelease = Callable[[float], Iterable[tuple[int, int]]]
 
-# Main side: called with (worker_id, block_id, generation) when no view of a block is left.
-OnRelease = Callable[[int, int, int], None]
+
+
+class OnRelease(Protocol):
+    """Main side: called when no view of a block is left in the main process.  ``retire``: a
+    forked child may still hold views of it (it had live views at a fork), so the worker must
+    never reuse it, only drop it."""
+
+    def __call__(
+        self, worker_id: int, block_id: int, generation: int, retire: bool = False
+    ) -> None: ...
 
 
 class WorkerEnd(Protocol):
@@ -27,6 +35,11 @@ class WorkerEnd(Protocol):
         ...
 
     def release(self, block_id: int, generation: int) -> None: ...
+
+    def retire(self, block_id: int, generation: int) -> None:
+        """Like ``release``, but the block may still be read by a forked child of the main
+        process: drop it from the pool instead of reusing it."""
+        ...
 
     def statistics(self) -> Any: ...
 

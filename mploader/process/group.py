@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from mploader.channel.forking import forking_a_worker
 from mploader.monitor.events import WorkerState
 from mploader.process import inherited_fds, sigchld, zygote
 from mploader.process.pipes import TaskWriter, Waiter, make_pipe
@@ -83,7 +84,7 @@ class WorkerGroup:
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
         self.closed = False
-        self._releases: deque[tuple[int, int, int]] = deque()
+        self._releases: deque[tuple[int, int, int, bool]] = deque()
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
         self.oom_kills_at_start: int | None = None
@@ -179,7 +180,8 @@ class WorkerGroup:
     @staticmethod
     def _launch(handle: WorkerHandle, worker_ends: tuple[Connection, Connection]) -> None:
         try:
-            handle.process.start()
+            with forking_a_worker():  # not a child that could read the consumer's batches
+                handle.process.start()
         finally:  # the worker holds its own copies now (or never will)
             for end in worker_ends:
                 end.close()
@@ -209,21 +211,23 @@ class WorkerGroup:
         handle.writer.send(message)
         self.waiter.watch_writable(handle.writer.fd, handle.writer.has_pending)
 
-    def queue_release(self, worker_id: int, block_id: int, generation: int) -> None:
+    def queue_release(self, worker_id: int, block_id: int, generation: int,
+                      retire: bool = False) -> None:
         """Called by the channel, possibly from a GC finalizer in any thread: never blocks."""
         if self.closed or os.getpid() != self.owner_pid:
             return
-        self._releases.append((worker_id, block_id, generation))
+        self._releases.append((worker_id, block_id, generation, retire))
         self.waiter.wake()
 
     def flush_releases(self) -> None:
-        by_worker: dict[int, list[tuple[int, int]]] = {}
+        by_worker: dict[int, Release] = {}
         while self._releases:
-            worker_id, block_id, generation = self._releases.popleft()
-            by_worker.setdefault(worker_id, []).append((block_id, generation))
-        for worker_id, blocks in by_worker.items():
+            worker_id, block_id, generation, retire = self._releases.popleft()
+            release = by_worker.setdefault(worker_id, Release([]))
+            (release.retired if retire else release.blocks).append((block_id, generation))
+        for worker_id, release in by_worker.items():
             if not self.handles[worker_id].ended:
-                self.send(worker_id, Release(blocks))
+                self.send(worker_id, release)
 
     def wait(self, timeout: float | None) -> list[Event]:
         """Events from the workers, waiting up to ``timeout`` (None: until something happens)."""

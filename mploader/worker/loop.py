@@ -93,6 +93,7 @@ class WorkerLoop:
         self.released: list[tuple[int, int]] = []
         self.recorder = StateRecorder(spec.dataset, spec.is_iterable) if spec.record_state else None
         self.fetch_threads: FetchThreads | None = None  # worker_threads > 1, once started
+        self.retiring: list[tuple[int, int]] = []  # released, but a fork child may read them
 
     def run(self) -> None:
         try:
@@ -197,6 +198,7 @@ class WorkerLoop:
     def take(self, message: Any) -> None:
         if isinstance(message, Release):
             self.released.extend(message.blocks)
+            self.retiring.extend(message.retired)
             return
         if isinstance(message, Stop):  # nobody will read the results of queued tasks
             self.inbox = deque(
@@ -205,14 +207,20 @@ class WorkerLoop:
         self.inbox.append(message)
 
     def apply_releases(self) -> None:
+        self.apply_retirements()
         released, self.released = self.released, []
         for block_id, generation in released:
             self.channel.release(block_id, generation)
 
+    def apply_retirements(self) -> None:
+        retiring, self.retiring = self.retiring, []
+        for block_id, generation in retiring:
+            self.channel.retire(block_id, generation)
+
     def wait_for_release(self, timeout: float) -> list[tuple[int, int]]:
         """Called by the shared-memory pool when it is over budget: block for returned blocks."""
         deadline = time.monotonic() + timeout
-        while not self.released:
+        while not self.released and not self.retiring:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -223,6 +231,7 @@ class WorkerLoop:
                 raise _StopRequested
             if any(isinstance(m, Resume) for m in self.inbox):
                 raise _Abandon
+        self.apply_retirements()  # frees budget, though no block comes back for reuse
         released, self.released = self.released, []
         return released
 

@@ -3,7 +3,8 @@
 Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO order:
 
     Task(epoch, task_id, indices)   fetch these indices and reply with one TaskDone
-    Release(blocks)                 these shared-memory blocks have no live view in the main process
+    Release(blocks, retired)        these shared-memory blocks have no live view in the main process
+                                    (``retired`` ones may be read by a fork child: drop, not reuse)
     Resume(epoch)                   a persistent worker starts epoch ``epoch``: restart the dataset
                                     iterator, forget tasks of earlier epochs, forget exhaustion
     Stop()                          exit gracefully (EOF on the pipe means the same)
@@ -23,7 +24,7 @@ comes as the next raw frame on the same pipe, so a large batch is never copied i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mploader.errors import RemoteError
@@ -43,6 +44,7 @@ class Task:
 @dataclass(slots=True)
 class Release:
     blocks: list[tuple[int, int]]
+    retired: list[tuple[int, int]] = field(default_factory=list)  # never reuse: a fork child
 
 
 @dataclass(slots=True)

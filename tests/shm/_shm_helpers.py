@@ -36,7 +36,11 @@ class Loopback:
         self.main = MainChannel(self.config, self.tag, self._on_release)
         self.wait_calls: list[float] = []
 
-    def _on_release(self, worker_id: int, block_id: int, generation: int) -> None:
+    def _on_release(self, worker_id: int, block_id: int, generation: int,
+                    retire: bool = False) -> None:
+        if retire:  # a fork child may read it: the worker drops it at once
+            self.worker.retire(block_id, generation)
+            return
         self.pending.append((worker_id, block_id, generation))
 
     def wait_for_release(self, timeout: float) -> list[tuple[int, int]]:

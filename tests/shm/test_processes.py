@@ -30,7 +30,9 @@ class RemoteWorker:
         self.process.start()
         theirs.close()
 
-    def _on_release(self, worker_id: int, block_id: int, generation: int) -> None:
+    def _on_release(self, worker_id: int, block_id: int, generation: int,
+                    retire: bool = False) -> None:
+        assert not retire, "these tests fork no child while holding a batch"
         self.releases.append((block_id, generation))
 
     def _take_releases(self) -> list[tuple[int, int]]:

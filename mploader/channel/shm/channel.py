@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mploader.channel.collate import collate_samples
+from mploader.channel.forking import forking_own_worker
 from mploader.channel.protocol import OnRelease, WaitForRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
@@ -90,6 +91,10 @@ class WorkerChannel:
     def release(self, block_id: int, generation: int) -> None:
         """The main process holds no view of this block any more (stale releases are ignored)."""
         self._pool.release(block_id, generation)
+
+    def retire(self, block_id: int, generation: int) -> None:
+        """A forked child of the main process may still read this block: never reuse it."""
+        self._pool.retire(block_id, generation)
 
     def statistics(self) -> PoolStatistics:
         pool = self._pool
@@ -181,6 +186,10 @@ class _ReleaseRoute:
     Finalizers run in whatever thread drops the last view, possibly inside a garbage collection
     that interrupts this channel's own code, hence a re-entrant lock. In a forked child (which
     inherits our leases), nothing is reported.
+
+    A child forked while a lease is alive holds the lease's views too (its copy of our memory
+    maps the same block), and may read them long after we dropped ours: such a block is
+    *retired* when our last view goes, never handed back for reuse.
     """
 
     def __init__(self, on_release: OnRelease) -> None:
@@ -189,14 +198,47 @@ class _ReleaseRoute:
         self.open = True
         self.main_pid = os.getpid()
         self.released = 0
+        self.live: set[tuple[int, int, int]] = set()  # (worker pid, block id, generation)
+        self.inherited: set[tuple[int, int, int]] = set()  # live at a fork
+        _routes.add(self)
+
+    def leased(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        self.live.add((incarnation.worker_pid, block_id, generation))
+
+    def note_fork(self) -> None:
+        """Just before this process forks: every live lease may now be read by the child."""
+        if os.getpid() == self.main_pid:
+            self.inherited.update(self.live)
 
     def release(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
         if os.getpid() != self.main_pid:
             return
+        key = (incarnation.worker_pid, block_id, generation)
         with self.lock:
             self.released += 1
-            if self.open and incarnation.alive:
+            self.live.discard(key)
+            inherited = key in self.inherited
+            self.inherited.discard(key)
+            if not (self.open and incarnation.alive):
+                return
+            if inherited:
+                self.on_release(incarnation.worker_id, block_id, generation, retire=True)
+            else:
                 self.on_release(incarnation.worker_id, block_id, generation)
+
+
+# Every live channel's route, told about each fork of this process before it happens.
+_routes: weakref.WeakSet[_ReleaseRoute] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    if forking_own_worker():  # our worker never reads the main process's batches
+        return
+    for route in list(_routes):
+        route.note_fork()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 class _Lease:
@@ -387,6 +429,7 @@ class MainChannel:
                 f"and this result was not among those forget_worker() was told to keep"
             )
         lease = _Lease(mapping, used_bytes)
+        self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
         self._leases += 1

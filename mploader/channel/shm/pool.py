@@ -153,6 +153,21 @@ class BlockPool:
         if self.bytes > self.budget_bytes:  # spilled earlier: give the excess back now
             self._evict_until(self.budget_bytes)
 
+    def retire(self, block_id: int, generation: int) -> None:
+        """Like :meth:`release`, but a forked child of the main process may still read the
+        block: drop it from the pool (counted as an eviction) instead of ever writing it again.
+        Its memory lives on as long as some process maps it."""
+        block = self._blocks.get(block_id)
+        if block is None or not block.in_use or block.generation != generation:
+            self.stale_releases += 1
+            return
+        del self._blocks[block_id]
+        unlink_quietly(block.name)
+        self.bytes -= block.size
+        self.evictions += 1
+        self._retired.append(block_id)
+        self._spilling = False
+
     def take_retired(self) -> tuple[int, ...]:
         """Block ids evicted since the last call, for the main process to unmap."""
         retired = tuple(self._retired)
