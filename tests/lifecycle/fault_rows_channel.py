@@ -267,8 +267,14 @@ def _fork_child_keeps_its_batch(start_method: str) -> None:
 
 CHANNEL_FAULTS: list[FaultRow] = [
     FaultRow("restart_keeps_finished_batches", _restart_keeps_the_epoch),
-    FaultRow("other_users_stale_entry", _other_users_entries_are_left_alone),
-    FaultRow("pid_namespaces", _pid_namespaces_do_not_confuse_the_sweep),
-    FaultRow("killed_main_busy_worker", _killed_main_leaves_nothing),
+    FaultRow("other_users_stale_entry", _other_users_entries_are_left_alone, ("fork",),
+             "the sweep runs in the main process before any worker exists, whatever the start "
+             "method; each run costs a fresh interpreter in a private /dev/shm"),
+    FaultRow("pid_namespaces", _pid_namespaces_do_not_confuse_the_sweep, ("fork", "spawn"),
+             "spawn and forkserver workers are both forked by the zygote and take the loader's "
+             "lock the same way; spawn covers both"),
+    FaultRow("killed_main_busy_worker", _killed_main_leaves_nothing, ("fork", "spawn"),
+             "spawn and forkserver workers are both forked by the zygote and watch the main "
+             "process the same way; spawn covers both"),
     FaultRow("fork_child_keeps_its_batch", _fork_child_keeps_its_batch),
 ]
