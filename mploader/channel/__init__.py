@@ -14,16 +14,22 @@ from mploader.config import SharedMemoryConfig
 
 
 def open_worker_end(
-    config: SharedMemoryConfig | None, worker_id: int, num_workers: int, loader_tag: str
+    config: SharedMemoryConfig | None,
+    worker_id: int,
+    num_workers: int,
+    loader_tag: str,
+    pipeline_depth: int | None = None,
 ) -> WorkerEnd:
-    """A worker's end: plain pickling when ``config`` is None, else the worker's block pool."""
+    """A worker's end: plain pickling when ``config`` is None, else the worker's block pool.
+    ``pipeline_depth``: at most this many of the worker's batches are in flight at once (the
+    loader's prefetch factor); past that, blocks in use are batches the consumer keeps."""
     if config is None:
         from mploader.channel.plain import PlainWorkerEnd
 
         return PlainWorkerEnd()
     from mploader.channel.shm import WorkerChannel
 
-    return WorkerChannel(config, worker_id, num_workers, loader_tag)
+    return WorkerChannel(config, worker_id, num_workers, loader_tag, pipeline_depth)
 
 
 def open_main_end(

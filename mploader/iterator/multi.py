@@ -108,6 +108,7 @@ class MultiProcessIterator(BaseIterator):
             epoch=0,
             record_state=self._tracker is not None,
             worker_threads=settings.worker_threads,
+            in_flight_per_worker=settings.prefetch_factor * settings.worker_threads,
         )
 
     # -- what code that reaches in expects (Lightning, tests) ------------------------------------

@@ -88,7 +88,8 @@ class WorkerLoop:
         self.fetcher: MapFetcher | IterableFetcher | None = None
         self.watchdog = ParentWatchdog(spec.parent_pid)
         self.channel: WorkerEnd = open_worker_end(
-            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag
+            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
+            spec.in_flight_per_worker,
         )
         self.released: list[tuple[int, int]] = []
         self.recorder = StateRecorder(spec.dataset, spec.is_iterable) if spec.record_state else None

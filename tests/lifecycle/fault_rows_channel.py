@@ -26,12 +26,18 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 NOBODY = 65534
 
 
+def _intact(batch, value: int) -> bool:
+    """Whether every 4 KiB page of ``batch`` (float32, all ``value`` when written) still holds
+    ``value``: a reused block is rewritten whole, so one element per page tells."""
+    return bool((batch[::1024] == value).all())
+
+
 def _epoch(loader: mploader.DataLoader) -> list[int]:
     """Every batch's value, each batch checked intact."""
     values = []
     for batch in loader:
         value = int(batch[0])
-        assert bool((batch == value).all()), f"batch {value} is not intact"
+        assert _intact(batch, value), f"batch {value} is not intact"
         values.append(value)
     return values
 
@@ -62,7 +68,7 @@ def _restart_keeps_the_epoch(start_method: str) -> None:
         got = []
         for batch in iterator:
             value = int(batch[0])
-            assert bool((batch == value).all()), f"batch {value} is not intact"
+            assert _intact(batch, value), f"batch {value} is not intact"
             got.append(value)
         assert got == list(range(16))
         assert iterator.stats().restarts == 2
@@ -204,7 +210,7 @@ def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
     assert other.stdout.split(" ", 1) == ["1", "[0, 1]\n"]  # pid 1 over there
     for batch in iterator:
         value = int(batch[0])
-        assert bool((batch == value).all())
+        assert _intact(batch, value)
         values.append(value)
     assert values == list(range(12))
     assert not {n for n in _entries("mploader-1-") if n not in before}  # nothing of theirs left
@@ -222,11 +228,53 @@ def _killed_main_leaves_nothing(start_method: str) -> None:
     )
 
 
+# -- 6. a consumer that keeps batches beyond the budget --
+
+def _keeping_loader(start_method: str, length: int, **kwargs) -> mploader.DataLoader:
+    return mploader.DataLoader(
+        Blocks(length), batch_size=None, num_workers=2, multiprocessing_context=start_method,
+        shared_memory=SharedMemoryConfig(budget_bytes=4 * MiB), **kwargs,
+    )
+
+
+def _pool_waits(iterator) -> float:
+    return sum(pool.wait_seconds for pool in iterator.stats().channel.workers)
+
+
+def _sliding_window_does_not_stall(start_method: str) -> None:
+    """The consumer keeps the last 8 batches of 1 MiB against a 4 MiB budget: every batch comes,
+    intact, and no worker stalls waiting for a block (the budget grows with what is kept)."""
+    iterator = iter(_keeping_loader(start_method, 40, persistent_workers=True))
+    try:
+        window: list = []
+        values = []
+        for batch in iterator:
+            if len(window) == 8:  # the oldest leaves the window: it must have stayed intact
+                oldest = window.pop(0)
+                assert _intact(oldest, values[-8]), f"batch {values[-8]} was overwritten"
+            window.append(batch)
+            values.append(int(batch[0]))
+        assert all(_intact(kept, value) for kept, value in zip(window, values[-8:], strict=True))
+        assert values == list(range(40))
+        waited = _pool_waits(iterator)
+        assert waited < 0.5, f"workers waited {waited:.1f} s for blocks"
+    finally:
+        iterator._shutdown_workers()
+
+
+def _keeping_every_batch_never_times_out(start_method: str) -> None:
+    """The consumer keeps every batch, with timeout=1: no 'DataLoader timed out' (a worker waiting
+    for memory the consumer holds is not a dead worker), and every kept batch stays intact."""
+    kept = list(_keeping_loader(start_method, 24, timeout=1))
+    assert [int(batch[0]) for batch in kept] == list(range(24))
+    assert all(_intact(batch, index) for index, batch in enumerate(kept))
+
+
 # -- 7. a batch inherited by a forked child --
 
 def _read_later(batch, expected: int, connection) -> None:  # in a multiprocessing fork child
     time.sleep(0.5)  # meanwhile the main process moves on through the epoch
-    connection.send(bool((batch == expected).all()))
+    connection.send(_intact(batch, expected))
     connection.close()
 
 
@@ -277,4 +325,6 @@ CHANNEL_FAULTS: list[FaultRow] = [
              "spawn and forkserver workers are both forked by the zygote and watch the main "
              "process the same way; spawn covers both"),
     FaultRow("fork_child_keeps_its_batch", _fork_child_keeps_its_batch),
+    FaultRow("sliding_window_does_not_stall", _sliding_window_does_not_stall),
+    FaultRow("keeping_every_batch_no_timeout", _keeping_every_batch_never_times_out),
 ]

@@ -62,6 +62,7 @@ class WorkerChannel:
         worker_id: int,
         num_workers: int,
         loader_tag: str,
+        pipeline_depth: int | None = None,
     ) -> None:
         check_loader_tag(loader_tag)
         self.worker_id = worker_id
@@ -70,7 +71,8 @@ class WorkerChannel:
         self._worker_pid = os.getpid()
         self._lock = LoaderLock(loader_tag, create=False)
         budget = config.effective_budget_bytes() // max(num_workers, 1)
-        self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes)
+        self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
+                               pipeline_depth)
         self._inline_leaves = 0
         self._block_leaves = 0
         self._messages = 0

@@ -1,11 +1,19 @@
-"""A worker's pool of shared-memory blocks: size classes, free list, byte budget, waiting.
+"""A worker's pool of shared-memory blocks: size classes, free list, byte budget, growth.
 
 Each batch with array leaves above the inline threshold gets one block, which stays "in use"
 until the main process reports that the last view of that batch is gone. Blocks are created on
-demand, rounded up to a size class so batches of similar size reuse each other's blocks, and never
-exceed the worker's share of the budget: over budget the pool first reuses any free block big
-enough, then evicts free blocks of other size classes, and otherwise waits for a release
-(backpressure) instead of growing.
+demand, rounded up to a size class so batches of similar size reuse each other's blocks, within
+the worker's share of the budget: over budget the pool first reuses any free block big enough,
+then evicts free blocks of other size classes.
+
+When neither makes room, every block is held by a batch that is either in flight or kept by the
+consumer. Inside a loader the pool knows how many batches are in flight (``pipeline_depth``, the
+prefetch factor), and the loader never dispatches more, so nothing is gained by waiting: a
+consumer that keeps batches (a sliding window, a list of every batch) would only stall the worker
+until it gives up waiting. The pool *grows* instead (once per worker it says so, with the numbers)
+and gives the memory back as batches are dropped, keeping only what the pipeline reuses. Without
+a known depth (the channel used on its own) it waits for a release, and goes over budget only
+after ``SPILL_AFTER_SECONDS``.
 """
 
 from __future__ import annotations
@@ -87,8 +95,10 @@ class BlockPool:
         num_workers: int,
         budget_bytes: int,
         min_block_bytes: int,
+        pipeline_depth: int | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self._pipeline_depth = pipeline_depth
         self.worker_pid = os.getpid()
         self.budget_bytes = budget_bytes
         self._loader_tag = loader_tag
@@ -123,6 +133,8 @@ class BlockPool:
         wait_started: float | None = None
         while True:
             block = self._find_free_block(nbytes)
+            if block is None and self._pipeline_depth is not None:
+                block = self._grow(nbytes)
             if block is None and (self._spilling or (
                 wait_started is not None
                 and time.monotonic() - wait_started >= SPILL_AFTER_SECONDS
@@ -150,8 +162,18 @@ class BlockPool:
         block.in_use = False
         block.last_used = next(self._clock)
         self._spilling = False
-        if self.bytes > self.budget_bytes:  # spilled earlier: give the excess back now
-            self._evict_until(self.budget_bytes)
+        if self.bytes > self.budget_bytes:  # grown or spilled earlier: give the excess back now
+            self._evict_until(max(self.budget_bytes, self._kept_while_over_budget(block.size)))
+
+    def _kept_while_over_budget(self, block_size: int) -> int:
+        """Over budget, how many bytes of blocks a release leaves in the pool: those in use,
+        plus (when the pipeline depth is known) free blocks for the batches in flight and the
+        next one, so that a consumer keeping a steady number of batches reuses blocks rather
+        than making a new one for every batch."""
+        in_use = sum(block.size for block in self._blocks.values() if block.in_use)
+        if self._pipeline_depth is None:
+            return in_use
+        return in_use + (self._pipeline_depth + 1) * block_size
 
     def retire(self, block_id: int, generation: int) -> None:
         """Like :meth:`release`, but a forked child of the main process may still read the
@@ -291,6 +313,28 @@ class BlockPool:
         if not released and after - now < _WAIT_SLICE_SECONDS / 2:
             time.sleep(_EMPTY_WAIT_SLEEP_SECONDS)
         return wait_started
+
+    def _grow(self, nbytes: int) -> Block:
+        """A block beyond the budget at once: every block is held by a batch in flight or kept
+        by the consumer, and the loader dispatches no more than ``pipeline_depth`` batches, so
+        waiting would only stall."""
+        self.spills += 1
+        if not self._warned_spill:
+            self._warned_spill = True
+            held = self.blocks_in_use
+            depth = self._pipeline_depth or 0
+            warnings.warn(
+                f"mploader worker {self.worker_id} (pid {self.worker_pid}): all {held} "
+                f"shared-memory blocks of its pool ({self.bytes} bytes, budget "
+                f"{self.budget_bytes} bytes) are held by batches: up to {depth} in flight "
+                f"(prefetch_factor), the one being consumed, and {max(0, held - depth - 1)} more "
+                f"the consumer keeps. The pool goes over budget for them instead of waiting, and "
+                f"gives the memory back as batches are dropped. To stay within the budget, copy "
+                f"what you keep (batch.clone()), or raise SharedMemoryConfig(budget_bytes=...).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self._create(self._size_for(nbytes))
 
     def _spill(self, nbytes: int, waited: float) -> Block:
         """A block beyond the budget, because the consumer keeps batches (see SPILL_AFTER)."""
