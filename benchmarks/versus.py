@@ -19,6 +19,10 @@ How it measures, the same for both loaders:
   mploader's pool growth. The clock starts once the ``warm``-th batch has been checked and stops
   once the last batch has been checked; the figure is that time over the number of timed batches.
   The end of the epoch (worker shutdown) is outside the clock, and so is collecting statistics.
+* Window workloads (ms per epoch): the consumer keeps the last ``keep`` batches (a sliding
+  window, as a model comparing recent batches would), with a shared-memory budget smaller than
+  the window for mploader; the clock covers ``iter()`` up to the last batch. Each batch is checked
+  on arrival and again as it leaves the window (it must have stayed intact while kept).
 * Startup workloads (ms): the loader is built outside the clock; the clock covers ``iter()`` up to
   the first batch (worker start included) and stops when that batch has been checked; the iterator
   is shut down between repetitions, outside the clock. The constructor is timed separately and the
@@ -175,6 +179,21 @@ class SmallTensors(torch.utils.data.Dataset):
         return torch.full((10,), float(index), dtype=torch.float32)
 
 
+class FilledFloats(torch.utils.data.Dataset):
+    """sliding_window: item ``i`` is a fresh float32 tensor of 1 MiB, all ``i``."""
+
+    NUMEL = (1 << 20) // 4
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((self.NUMEL,), float(index))
+
+
 class SlowInts(torch.utils.data.Dataset):
     """io_bound: item ``i`` is ``i`` after 20 ms of sleep (a remote query)."""
 
@@ -241,7 +260,7 @@ def verify(batch: Any, expected: Expected, checksum: Callable[[torch.Tensor], fl
 @dataclass
 class Workload:
     name: str
-    kind: str  # "throughput" (ms/batch) or "startup" (ms)
+    kind: str  # "throughput" (ms/batch), "window" (ms/epoch) or "startup" (ms)
     what: str
     torch_reference: str  # torch's figure in the plan
     target: float
@@ -254,10 +273,12 @@ class Workload:
     warm: int  # batches received but not timed (throughput)
     repeat_factor: int = 1  # cheap workloads run more repetitions
     cleanup: Callable[[], None] = field(default=lambda: None)
+    mploader_kwargs: dict[str, Any] = field(default_factory=dict)  # mploader's own arguments
+    keep: int = 0  # window: how many recent batches the consumer keeps
 
     @property
     def unit(self) -> str:
-        return "ms/batch" if self.kind == "throughput" else "ms"
+        return {"throughput": "ms/batch", "window": "ms/epoch"}.get(self.kind, "ms")
 
 
 def _large_expected() -> Callable[[int], Expected]:
@@ -298,6 +319,11 @@ def _medium_expected() -> Callable[[int], Expected]:
                         float(values.sum(dtype=np.float64)))
 
     return expected
+
+
+def _filled_floats_expected(batch: int) -> Expected:
+    numel = FilledFloats.NUMEL
+    return Expected((numel,), torch.float32, float(batch) * len(page_positions(numel, 4)))
 
 
 def _ints_expected(batch: int) -> Expected:
@@ -385,6 +411,16 @@ def build_workloads(quick: bool) -> list[Workload]:
         SlowInts, {"batch_size": 1, "num_workers": 8, **fork},
         _ints_expected, sum_all, batches, warm,
     ))
+    from mploader import SharedMemoryConfig  # see the note at the imports
+
+    workloads.append(Workload(
+        "sliding_window", "window",
+        "2 workers, 60 batches of 1 MiB, the consumer keeps the last 8; mploader budget 4 MiB",
+        "0.18 s/epoch", 0.5, 1.0,
+        FilledFloats, {"batch_size": None, "num_workers": 2, **fork},
+        _filled_floats_expected, touch_pages, 60, 0, repeat_factor=2,
+        mploader_kwargs={"shared_memory": SharedMemoryConfig(budget_bytes=4 << 20)}, keep=8,
+    ))
     workloads.append(Workload(
         "startup_fork8", "startup", "iter() to first batch, fork, 8 workers",
         "~70 ms", 1.3, 2.0,
@@ -453,6 +489,36 @@ def run_throughput(loader_class: type, workload: Workload, dataset: Any,
         shut_down(iterator)
     del iterator, loader
     return elapsed / (total - workload.warm) * 1e3, summary
+
+
+def run_window(loader_class: type, workload: Workload, dataset: Any,
+               expected: list[Expected]) -> tuple[float, dict[str, Any]]:
+    kwargs = dict(workload.loader_kwargs)
+    if loader_class.__module__.startswith("mploader"):
+        kwargs.update(workload.mploader_kwargs)
+    loader = loader_class(dataset, **kwargs)
+    where = f"{workload.name} ({loader_class.__module__})"
+    iterator = None
+    window: list[tuple[int, Any]] = []
+    try:
+        started = time.perf_counter()
+        iterator = iter(loader)
+        for number, batch in enumerate(iterator):
+            verify(batch, expected[number], workload.checksum, f"{where} batch {number}")
+            window.append((number, batch))
+            if len(window) > workload.keep:  # leaves the window: intact all the while?
+                kept_number, kept = window.pop(0)
+                verify(kept, expected[kept_number], workload.checksum,
+                       f"{where} batch {kept_number}, kept {workload.keep} batches")
+            del batch
+        elapsed = time.perf_counter() - started
+        summary = {"channel": channel_summary(iterator)}
+    finally:
+        window.clear()
+        if iterator is not None:
+            shut_down(iterator)
+    del iterator, loader
+    return elapsed * 1e3, summary
 
 
 def run_startup(loader_class: type, workload: Workload, dataset: Any,
@@ -649,12 +715,12 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
     result.fds_before, result.rss_before_mb = open_fds(), rss_mb()
     shm_before = set(own_shm_names())
     workload_started = time.perf_counter()
-    run = run_throughput if workload.kind == "throughput" else run_startup
+    run = {"throughput": run_throughput, "window": run_window}.get(workload.kind, run_startup)
     side = "setup"
     dataset = None
     try:
         dataset = workload.make_dataset(workload.batches)
-        count = workload.batches if workload.kind == "throughput" else 1
+        count = workload.batches if workload.kind in ("throughput", "window") else 1
         expected = [workload.expected(number) for number in range(count)]
         for repetition in range(repeats * workload.repeat_factor):
             for side, loader_class in loaders:  # A B A B
