@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import psutil
@@ -53,13 +54,61 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _helpers() -> tuple[object, ...]:
+    """Long-lived helpers of this process that keep fds open for the whole session, started on
+    first use: mploader's zygotes, multiprocessing's fork server and resource tracker."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    from mploader.process.zygote import helper_pids
+
+    return (
+        tuple(sorted(helper_pids())),
+        getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
+        getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+    )
+
+
+def _open_fds() -> dict[int, str]:
+    """This process's open fds and what each points at."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (the listing's own fd, among others)
+            continue
+    return fds
+
+
+def _fd_leaks(before: dict[int, str], helpers_before: tuple[object, ...]) -> list[str]:
+    """fds opened during the test and still open: any on a /dev/shm entry of mploader's; and, if
+    no session helper started during the test (its fds stay open by design), any at all."""
+    deadline = time.monotonic() + 2
+    while True:
+        gc.collect()
+        after = _open_fds()
+        new = {fd: target for fd, target in after.items() if before.get(fd) != target}
+        leaks = [f"{fd} -> {target}" for fd, target in new.items()
+                 if target.startswith("/dev/shm/mploader-")]
+        if _helpers() == helpers_before and len(after) > len(before):
+            leaks += [f"{fd} -> {target}" for fd, target in new.items()
+                      if not target.startswith("/dev/shm/mploader-")]
+        if not leaks or time.monotonic() > deadline:
+            return sorted(leaks)
+        time.sleep(0.05)  # a pinning thread or a finalizer may still be closing one
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers():
-    """Every lifecycle test must end with no worker process and no shared-memory entry."""
+    """Every lifecycle test must end with no worker process, no shared-memory entry and no fd
+    it opened."""
     shm_before = shm_entries()
+    fds_before, helpers_before = _open_fds(), _helpers()
     yield
     gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
     leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
     assert not leftover, f"worker processes left behind: {leftover}"
     leaked = leaked_entries(shm_before)
     assert not leaked, f"/dev/shm entries leaked: {leaked}"
+    fds = _fd_leaks(fds_before, helpers_before)
+    assert not fds, f"fds left open: {fds}"
