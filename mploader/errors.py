@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import signal
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +73,16 @@ class PoisonTaskError(WorkerDiedError):
     """The same task killed its worker twice: restarting again would loop forever."""
 
     def __init__(self, task_id: int, indices: Any, deaths: list[str],
-                 last: WorkerDiedError) -> None:
+                 last: WorkerDiedError, others: Sequence[tuple[int, Any]] = ()) -> None:
+        # With worker_threads, several tasks run at once; ``others`` ran beside it both times.
+        beside = "".join(
+            f"; with worker_threads, task {other_id} (indices {other_indices}) was running "
+            "beside it at both deaths and may be the cause instead"
+            for other_id, other_indices in others
+        )
         super().__init__(
             f"mploader: task {task_id} (indices {indices}) killed its worker twice "
-            f"({'; '.join(deaths)}); it is a poison task, so it is not retried again. "
+            f"({'; '.join(deaths)}){beside}; it is a poison task, so it is not retried again. "
             f"Fetch these indices with num_workers=0 to see what happens.\n"
             f"Last death: {last}",
             worker_id=last.worker_id, pid=last.pid, exitcode=last.exitcode,

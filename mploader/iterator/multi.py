@@ -307,12 +307,17 @@ class MultiProcessIterator(BaseIterator):
 
     def _restart(self, worker_id: int, held: list[TaskEntry], death: Any) -> None:
         """Replace the worker and give its tasks, in order, to the replacement."""
-        if held:  # the oldest held task is the one the worker was running when it died
-            culprit = held[0]
-            deaths = self._kills.setdefault(culprit.task_id, [])
-            deaths.append(f"pid {death.pid}: {death.signal_name or death.exitcode}")
-            if len(deaths) >= 2:
-                raise PoisonTaskError(culprit.task_id, culprit.indices, deaths, death)
+        # The worker runs its tasks in order, up to worker_threads of them at once: the oldest
+        # held ones are those it may have been running when it died.
+        suspects = held[: self._worker_threads]
+        for entry in suspects:
+            self._kills.setdefault(entry.task_id, []).append(
+                f"pid {death.pid}: {death.signal_name or death.exitcode}")
+        poisoned = [entry for entry in suspects if len(self._kills[entry.task_id]) >= 2]
+        if poisoned:
+            culprit, *others = poisoned
+            raise PoisonTaskError(culprit.task_id, culprit.indices, self._kills[culprit.task_id],
+                                  death, [(other.task_id, other.indices) for other in others])
         self._restarts_left -= 1
         restore = self._tracker.restart_restore(worker_id) if self._tracker is not None else None
         handle = self._group.restart(worker_id, restore)

@@ -115,3 +115,44 @@ def test_stats_count_tasks_per_task_with_threads_in_flight() -> None:
     stats = iterator.stats()
     assert sum(worker.tasks_done for worker in stats.workers) == 20
     assert stats.batches_delivered == 20
+
+
+class KillsEachTime(Dataset):
+    """Items in ``kill_at`` SIGKILL their worker: every time, or once each with a marker dir."""
+
+    def __init__(self, kill_at: tuple[int, ...], marker_dir: str | None = None) -> None:
+        self.kill_at, self.marker_dir = kill_at, marker_dir
+
+    def __len__(self) -> int:
+        return 60
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.01)
+        if index in self.kill_at:
+            marker = None if self.marker_dir is None else os.path.join(self.marker_dir, str(index))
+            if marker is None or not os.path.exists(marker):
+                if marker is not None:
+                    open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([index])
+
+
+def test_a_poison_item_among_threads_is_named_after_two_deaths() -> None:
+    loader = mploader.DataLoader(KillsEachTime((9,)), batch_size=2, num_workers=2,
+                                 worker_threads=3, max_worker_restarts=5,
+                                 multiprocessing_context="fork")
+    with pytest.raises(mploader.WorkerDiedError, match=r"killed its worker twice") as caught:
+        list(loader)
+    assert "task 4 (indices [8, 9])" in str(caught.value)  # as the culprit or beside it
+    del caught
+
+
+def test_separate_deaths_with_threads_in_flight_are_not_mistaken_for_a_poison_task(
+    tmp_path: Any
+) -> None:
+    loader = mploader.DataLoader(KillsEachTime((7, 41), str(tmp_path)), batch_size=2,
+                                 num_workers=2, worker_threads=3, max_worker_restarts=2,
+                                 multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert [int(index) for batch in iterator for index in batch] == list(range(60))
+    assert iterator.stats().restarts == 2
