@@ -91,6 +91,18 @@ class PoisonTaskError(WorkerDiedError):
         self.task_id = task_id
 
 
+class ZygoteError(RuntimeError):
+    """mploader's worker zygote (the warm process that forks spawn/forkserver workers) failed to
+    start, died, or stopped answering; the message says how and the way out (``MPLOADER_ZYGOTE=0``
+    starts each worker by the start method itself)."""
+
+
+class ZygoteTimeoutError(ZygoteError, TimeoutError):
+    """The zygote did not answer within the deadline (``timeout=``, or mploader's own).  The
+    iterator reports it as torch's ``DataLoader timed out after N seconds`` when ``timeout=`` is
+    set."""
+
+
 @dataclass(slots=True)
 class RemoteError:
     """An exception captured in a worker, ready to be pickled onto the result pipe."""

@@ -139,6 +139,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.trace = os.fspath(trace) if trace is not None else None
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.worker_threads = worker_threads
+        if self.trace is not None:
+            _check_trace_folder(self.trace)
 
         if isinstance(dataset, IterableDataset):
             if shuffle not in {False, None}:
@@ -379,6 +381,18 @@ def _check_snapshot_every_n_steps(value: Any) -> None:
         "snapshot_every_n_steps option should be a non-negative integer or None, but got "
         f"snapshot_every_n_steps={value!r}"
     )
+
+
+def _check_trace_folder(path: str) -> None:
+    """The trace is written at the end of an epoch; a folder that does not exist must fail now,
+    not after the epoch's work."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        problem = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise FileNotFoundError(
+            f"trace={path!r}: the folder {folder!r} {problem}; create it, or pass a trace path "
+            "in an existing folder"
+        )
 
 
 def _check_additions(

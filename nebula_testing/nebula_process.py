@@ -12,7 +12,7 @@ process on purpose: tests fork, and a forked child must not inherit a live serve
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -59,7 +59,9 @@ class NebulaServerProcess:
             env=environment,
         )
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], self.startup_timeout)
+        with selectors.DefaultSelector() as selector:  # poll/epoll: any fd number (not select)
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            ready = selector.select(self.startup_timeout)
         line = self.process.stdout.readline() if ready else ""
         if not line.startswith("LISTENING "):
             self.stop()

@@ -32,7 +32,7 @@ from typing import Any
 
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
-from mploader.errors import PoisonTaskError
+from mploader.errors import PoisonTaskError, ZygoteTimeoutError
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
@@ -72,7 +72,8 @@ class MultiProcessIterator(BaseIterator):
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
         plan = self._resume_plan
         restores = plan.restores() if plan is not None and plan.workers else None
-        self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores)
+        self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
+                                  self._timeout)
         self._monitor = IteratorMonitor(self._num_workers, settings.trace)
         self._channel = open_main_end(
             settings.shared_memory, self._tag, self._group.queue_release
@@ -84,7 +85,13 @@ class MultiProcessIterator(BaseIterator):
             self._monitor,
         )
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
-        self._group.start()  # ...for workers that start on them as soon as they exist
+        try:
+            self._group.start()  # ...for workers that start on them as soon as they exist
+        except BaseException as error:  # stop the ones that did start, then say why
+            self._urgency[0] = True
+            self._shutdown_workers()
+            self._raise_as_torch_timeout(error)
+            raise
         self._monitor.workers_started(self._group.worker_pids())
 
     def _spec_template(self) -> WorkerSpec:
@@ -198,16 +205,25 @@ class MultiProcessIterator(BaseIterator):
             raise
         except _TaskError as failed:  # the dataset's error: this batch fails, the epoch goes on
             raise failed.error from failed.error.__cause__
-        except BaseException:  # timeout, dead worker, KeyboardInterrupt, a bug: stop first
+        except BaseException as error:  # timeout, dead worker, KeyboardInterrupt, a bug: stop
             self._urgency[0] = True
             self._shutdown_workers()
+            self._raise_as_torch_timeout(error)
             raise
         self._monitor.next_returned()
         return batch
 
+    def _raise_as_torch_timeout(self, error: BaseException) -> None:
+        """A zygote that did not answer within ``timeout=`` is torch's timeout, caused by the
+        zygote's own error (which says what it was asked and what state it was in)."""
+        if isinstance(error, ZygoteTimeoutError) and self._timeout > 0:
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from error
+
     def _next_batch(self) -> Any:
         deadline = self._new_deadline()
         while True:
+            if self._group.closed:  # shut down from another thread (interpreter exit, GC)
+                raise StopIteration
             entry = self._table.pop_ready()
             if entry is not None:
                 return self._deliver(entry)
@@ -413,8 +429,13 @@ def _shut_down(
         if pinning is not None:
             pinning.shutdown(wait=False)
         for handle in group.handles:
-            name = WorkerEvent.EXIT if handle.process.exitcode == 0 else WorkerEvent.CRASH
+            if handle.pid is None:
+                continue  # never started (a start failed): nothing ended
+            # None: its status is lost with its parent (a zygote that is gone); it was asked to
+            # stop, so that is no crash.
+            exitcode = handle.process.exitcode
+            name = WorkerEvent.EXIT if exitcode in (0, None) else WorkerEvent.CRASH
             monitor.worker_event(name, handle.worker_id, handle.pid,
-                                 exitcode=handle.process.exitcode)
+                                 exitcode="unknown" if exitcode is None else exitcode)
         if monitor.tracer is not None:
             monitor.tracer.flush()

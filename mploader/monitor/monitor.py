@@ -62,7 +62,8 @@ class IteratorMonitor:
         now = time.monotonic()
         for worker_id, pid in enumerate(pids):
             self.workers[worker_id] = WorkerCounters(pid, started_at=now)
-            self.worker_event(WorkerEvent.START, worker_id, pid, now)
+            if pid is not None:  # None: never started (the loader was shut down meanwhile)
+                self.worker_event(WorkerEvent.START, worker_id, pid, now)
 
     # -- the main loop's steps -------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from typing import Any
 
@@ -62,8 +63,24 @@ class Tracer:
             if len(self._events) == self._flushed_events:
                 return
             text = json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"})
-            temporary = f"{self.path}.tmp"
-            with open(temporary, "w") as file:
-                file.write(text)
-            os.replace(temporary, self.path)
+            _write_atomically(self.path, text)
             self._flushed_events = len(self._events)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Replace ``path`` by a file holding ``text``, never half-written.  The temporary file is
+    made by ``mkstemp`` in the same folder (an unpredictable name, created ``O_EXCL``, mode
+    0600): a predictable ``run.json.tmp`` would let anyone who can write to the folder plant a
+    symlink there and have the trace written through it."""
+    folder, name = os.path.split(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise

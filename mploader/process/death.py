@@ -29,7 +29,10 @@ def oom_kill_count() -> int | None:
 
 def likely_cause(exitcode: int | None, oom_kills_before: int | None) -> str:
     if exitcode is None:
-        return "unknown: the process could not be reaped"
+        return (
+            "unknown: its exit status could not be collected (a spawn/forkserver worker's status "
+            "comes through mploader's zygote, its parent, which is gone or did not answer)"
+        )
     if exitcode < 0:
         number = -exitcode
         if number == signal.SIGKILL:
@@ -79,6 +82,12 @@ def worker_died_error(
             f"{signal_description(-exitcode)}. "
         )
         how = f"signal {signal_name(-exitcode)}"
+    elif exitcode is None:
+        first = (
+            f"DataLoader worker (pid {pid}) exited unexpectedly. Its exit status is unknown. "
+            "Rerunning with num_workers=0 may give better error trace."
+        )
+        how = "an unknown exit status"
     else:
         first = (
             f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "

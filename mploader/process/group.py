@@ -79,14 +79,22 @@ class Event:
 
 class WorkerGroup:
     def __init__(self, template: WorkerSpec, context: Any, num_workers: int,
-                 restores: list[WorkerRestore | None] | None = None) -> None:
+                 restores: list[WorkerRestore | None] | None = None,
+                 timeout: float = 0.0) -> None:
         self.context = context
+        # How long starting a worker through the zygote may wait for it: the loader's timeout=,
+        # or the zygote's own bound.
+        self.start_seconds = timeout if timeout > 0 else zygote.ANSWER_SECONDS
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
         self.closed = False
         self._releases: deque[tuple[int, int, int, bool]] = deque()
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
+        # Held by whoever waits on the workers.  Shutdown holds it throughout, so that another
+        # thread still iterating (a daemon thread at interpreter exit, a GC finalizer) neither
+        # polls nor reads the pipes at the same time; that thread then sees the group closed.
+        self._wait_lock = threading.RLock()
         self.oom_kills_at_start: int | None = None
         self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
         self.template = template
@@ -106,14 +114,34 @@ class WorkerGroup:
 
         self.oom_kills_at_start = oom_kill_count()
         prepared, self._prepared = self._prepared, []
+        errors: list[BaseException | None] = []
         if self.forking:  # fork is fast, and forking from several threads is unsafe
             for handle, ends in prepared:
-                self._launch(handle, ends)
+                if any(error is not None for error in errors):  # the rest stay unstarted
+                    self._prepared.append((handle, ends))
+                else:
+                    errors.append(self._try_launch(handle, ends))
         else:  # spawn and forkserver start an interpreter each: start them together
             with ThreadPoolExecutor(max_workers=min(len(prepared), 16)) as pool:
-                list(pool.map(lambda item: self._launch(*item), prepared))
-        for handle in self.handles:
-            self._watch(handle)
+                errors = list(pool.map(lambda item: self._try_launch(*item), prepared))
+        with self._wait_lock:
+            if self.closed:  # shut down meanwhile from another thread (interpreter exit)
+                self._stop_unwatched(prepared)
+                return
+            for handle, _ in prepared:
+                if handle.process.pid is not None:  # the started ones are watched and stopped
+                    self._watch(handle)
+        for error in errors:
+            if error is not None:
+                raise error
+
+    @staticmethod
+    def _stop_unwatched(prepared: list[tuple[WorkerHandle, Any]]) -> None:
+        """Workers that started after the group was shut down: nobody will talk to them."""
+        for handle, _ in prepared:
+            if handle.process.pid is not None:
+                handle.process.kill()
+                handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
 
     @property
     def forking(self) -> bool:
@@ -133,8 +161,9 @@ class WorkerGroup:
         name = f"mploader-worker-{worker_id}"
         process: Any
         if not self.forking and zygote.enabled():
+            spec.parent_is_zygote = True
             process = zygote.ZygoteProcess(
-                zygote.zygote_for(self.context), name, spec, task_reader, result_writer
+                self.context, name, spec, task_reader, result_writer, self.start_seconds
             )
         else:
             process = self.context.Process(
@@ -186,6 +215,15 @@ class WorkerGroup:
             for end in worker_ends:
                 end.close()
 
+    @classmethod
+    def _try_launch(cls, handle: WorkerHandle,
+                    worker_ends: tuple[Connection, Connection]) -> BaseException | None:
+        try:
+            cls._launch(handle, worker_ends)
+        except BaseException as error:  # re-raised by start(), once the others are started
+            return error
+        return None
+
     @property
     def processes(self) -> list[Any]:
         return [handle.process for handle in self.handles]
@@ -230,7 +268,14 @@ class WorkerGroup:
                 self.send(worker_id, release)
 
     def wait(self, timeout: float | None) -> list[Event]:
-        """Events from the workers, waiting up to ``timeout`` (None: until something happens)."""
+        """Events from the workers, waiting up to ``timeout`` (None: until something happens).
+        Nothing once the group is shut down (by this thread or another)."""
+        with self._wait_lock:
+            if self.waiter.closed:
+                return []
+            return self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> list[Event]:
         self.flush_releases()
         events: list[Event] = []
         for fd, _mask in self.waiter.wait(timeout):
@@ -314,6 +359,11 @@ class WorkerGroup:
             if self.closed or os.getpid() != self.owner_pid:
                 return  # already done, or a copy inherited by a forked child: not ours to stop
             self.closed = True
+        self.waiter.wake()  # another thread blocked in wait() returns and lets go of the lock
+        with self._wait_lock:
+            self._shut_down(discard, urgent)
+
+    def _shut_down(self, discard: Callable[[Event], None] | None, urgent: bool) -> None:
         try:
             for handle in self.handles:
                 if handle.pid is None:  # prepared, never started (a start failed or never came)
@@ -348,7 +398,7 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            for event in self.wait(remaining):
+            for event in self._wait(remaining):
                 if event.ended:
                     handle = self.handles[event.worker_id]
                     handle.state = (WorkerState.EXITED if handle.process.exitcode == 0

@@ -22,6 +22,8 @@ the write end, so the pipe reads EOF the moment the worker ends, however it ends
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import pickle
 import select
@@ -35,9 +37,28 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from mploader.errors import ZygoteError, ZygoteTimeoutError
+
+_log = logging.getLogger("mploader")
 _HEADER = struct.Struct("!Q")
 _instances: dict[tuple[int, str], Zygote] = {}
 _instances_lock = threading.Lock()
+
+# The zygote imports torch before it can fork (about a second; much more on a loaded machine): a
+# request waits this long for it to be ready.  A zygote that dies meanwhile is seen at once.
+START_SECONDS = 120.0
+# A ready zygote forks in milliseconds.  Without ``timeout=``, a request still waits at most this
+# long for its answer (a stopped or wedged zygote must not hang the loader).
+ANSWER_SECONDS = 30.0
+# How long an ended worker's exit status may take to come through the zygote.  Once one wait runs
+# out, later ones do not block until the zygote is heard from again, so a shutdown is delayed by
+# a mute zygote at most once.
+EXIT_REPORT_SECONDS = 2.0
+# Once a message has begun, the rest of it is already on its way.
+MESSAGE_SECONDS = 5.0
+
+_WAY_OUT = ("MPLOADER_ZYGOTE=0 starts each worker by the start method itself, without the "
+            "zygote (slower: every worker imports torch)")
 
 
 def enabled() -> bool:
@@ -45,11 +66,16 @@ def enabled() -> bool:
 
 
 def zygote_for(context: Any) -> Zygote:
-    """The live zygote of this process for ``context``'s start method, started if needed."""
+    """The live zygote of this process for ``context``'s start method, started if needed (a dead
+    or abandoned one is replaced)."""
     key = (os.getpid(), context.get_start_method())
     with _instances_lock:
         zygote = _instances.get(key)
         if zygote is None or not zygote.alive():
+            if zygote is not None:
+                zygote.discard()
+                if not zygote.broken:
+                    _log.warning("%s; starting a new one", zygote.ended_how())
             zygote = Zygote(context)
             _instances[key] = zygote
         return zygote
@@ -61,10 +87,40 @@ def helper_pids() -> list[int]:
         return [z.process.pid for (pid, _), z in _instances.items() if pid == os.getpid()]
 
 
+def helper_fds() -> list[int]:
+    """fds this process keeps for its zygotes (the socket, the process sentinel)."""
+    with _instances_lock:
+        return [fd for (pid, _), z in _instances.items() if pid == os.getpid()
+                for fd in z.fds()]
+
+
+def readable(fds: list[int], timeout: float | None) -> set[int]:
+    """The fds among ``fds`` that are readable (or at EOF), waiting up to ``timeout`` seconds
+    (None: until one is).  ``poll(2)``: any fd number works, unlike ``select(2)``'s first 1024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return {fd for fd, _ in poller.poll(milliseconds)}
+
+
+class _Gone(ZygoteError):
+    """The zygote ended while a request was on its way: a fresh one may serve it."""
+
+
 class Zygote:
+    """The main process's side of one zygote: requests, answers, and the zygote's own health.
+
+    Every wait has a deadline.  A zygote that dies is noticed (the socket reads EOF) and replaced
+    on the next request; one that does not answer in time is killed, so that a request it might
+    serve later can never start a worker nobody waits for.  Workers it already forked live on:
+    they watch the main process, not the zygote.
+    """
+
     def __init__(self, context: Any) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.socket = ours
+        self.start_method = context.get_start_method()
         self.process = context.Process(
             target=_zygote_main, args=(theirs,), name="mploader-zygote", daemon=True
         )
@@ -73,63 +129,227 @@ class Zygote:
         self._lock = threading.Lock()
         self._forked: list[int] = []
         self._exit_codes: dict[int, int] = {}
+        self.ready = False
+        self.gone = False  # its socket read EOF: it has ended
+        self.broken = ""  # why it was abandoned (killed by us), if it was
+        self._mute = False  # the last wait for an exit status ran out
+
+    def __repr__(self) -> str:
+        return f"<Zygote {self.start_method} pid={self.process.pid}>"
 
     def alive(self) -> bool:
-        return bool(self.process.is_alive())
+        return not (self.gone or self.broken) and bool(self.process.is_alive())
 
-    def fork(self, name: str, spec: Any, fds: list[int]) -> int:
+    def fds(self) -> list[int]:
+        if self.socket.fileno() < 0:
+            return []
+        return [self.socket.fileno(), self.process.sentinel]
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def fork(self, name: str, spec: Any, fds: list[int], answer_seconds: float) -> int:
+        """Ask for a worker; its pid.  Waits for the zygote to be ready (``START_SECONDS``), then
+        ``answer_seconds`` for the answer; raises :class:`ZygoteTimeoutError` past either."""
         payload = bytes(ForkingPickler.dumps((name, spec), pickle.HIGHEST_PROTOCOL))
-        with self._lock:
+        start_deadline = time.monotonic() + START_SECONDS
+        if not self._lock.acquire(timeout=START_SECONDS + answer_seconds):
+            raise ZygoteTimeoutError(self._describe("was busy with other requests for "
+                                                    f"{START_SECONDS + answer_seconds:.0f} s"))
+        try:
+            self._wait_until_ready(start_deadline)
+            deadline = time.monotonic() + answer_seconds
+            self._send(payload, fds, deadline)
+            while not self._forked:
+                if not self._read_one(deadline):
+                    self._raise_unanswered(deadline, f"to start {name}", answer_seconds)
+            return self._forked.pop(0)
+        finally:
+            self._lock.release()
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of worker ``pid`` (negative: killed by that signal), once reaped; None if
+        the zygote is gone, or mute for ``EXIT_REPORT_SECONDS`` (then the next asks do not wait)."""
+        wait = 0.0 if self._mute or self.gone or self.broken else EXIT_REPORT_SECONDS
+        deadline = time.monotonic() + wait
+        if not self._lock.acquire(timeout=wait):
+            return None
+        try:
+            while pid not in self._exit_codes:
+                if not self._read_one(deadline):
+                    self._mute = not (self.gone or self.broken)
+                    return None
+            return self._exit_codes.pop(pid)
+        finally:
+            self._lock.release()
+
+    def discard(self) -> None:
+        """Forget a zygote that ended or was abandoned: reap it, close the socket."""
+        if not self.broken and not self.gone and self.process.is_alive():
+            self._abandon("replaced")
+        self.process.join(timeout=0)
+        self.socket.close()
+
+    # -- the protocol, with deadlines ------------------------------------------------------------
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        while not self.ready:
+            if self.broken:
+                raise ZygoteTimeoutError(self._describe(f"was abandoned: {self.broken}"))
+            if not self._read_one(deadline):
+                if self.gone:
+                    raise ZygoteError(self._failed_to_start())
+                self._raise_unanswered(deadline, "to get ready (import torch)", START_SECONDS)
+
+    def _send(self, payload: bytes, fds: list[int], deadline: float) -> None:
+        if self.broken:  # another request found it mute just now: so is this one
+            raise ZygoteTimeoutError(self._describe(f"was abandoned: {self.broken}"))
+        if self.gone:
+            raise _Gone(self._describe("has ended"))
+        try:
+            self.socket.settimeout(max(0.001, deadline - time.monotonic()))
             socket.send_fds(self.socket, [_HEADER.pack(len(payload))], fds)
             self.socket.sendall(payload)
-            while not self._forked:
-                self._read_one(timeout=None)
-            return self._forked.pop(0)
+        except TimeoutError:
+            self._abandon("a request could not be written to it in time")
+            raise ZygoteTimeoutError(self._describe("did not take a request in time")) from None
+        except OSError as error:  # EPIPE, ECONNRESET: it has ended
+            self.gone = True
+            raise _Gone(self._describe("ended while a request was sent to it")) from error
+        finally:
+            if self.socket.fileno() >= 0:
+                self.socket.settimeout(None)
 
-    def exit_code(self, pid: int, timeout: float) -> int | None:
-        """The exit code of worker ``pid`` (negative: killed by that signal), once reaped."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while pid not in self._exit_codes:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._read_one(timeout=remaining):
-                    return None
-            return self._exit_codes[pid]
-
-    def _read_one(self, timeout: float | None) -> bool:
-        readable, _, _ = select.select([self.socket], [], [], timeout)
-        if not readable:
+    def _read_one(self, deadline: float) -> bool:
+        """Read one message if one comes before ``deadline``.  False when none came, or when the
+        zygote is gone (``self.gone``) or had to be abandoned (``self.broken``)."""
+        if self.gone or self.broken:
             return False
-        header = _receive_exactly(self.socket, _HEADER.size)
-        message = pickle.loads(_receive_exactly(self.socket, _HEADER.unpack(header)[0]))
-        if message[0] == "forked":
+        if not readable([self.socket.fileno()], max(0.0, deadline - time.monotonic())):
+            return False
+        try:
+            self.socket.settimeout(max(MESSAGE_SECONDS, deadline - time.monotonic()))
+            header = _receive_exactly(self.socket, _HEADER.size)
+            message = pickle.loads(_receive_exactly(self.socket, _HEADER.unpack(header)[0]))
+        except (EOFError, ConnectionError):
+            self.gone = True
+            return False
+        except OSError:  # a timeout half-way through a message: the stream is lost
+            self._abandon("a message from it stopped half-way")
+            return False
+        finally:
+            if self.socket.fileno() >= 0:
+                self.socket.settimeout(None)
+        self._mute = False
+        if message[0] == "ready":
+            self.ready = True
+        elif message[0] == "forked":
             self._forked.append(message[1])
         elif message[0] == "exited":
             self._exit_codes[message[1]] = message[2]
+        elif message[0] == "failed":
+            self.gone = True
+            raise ZygoteError(self._failed_to_start(message[1]))
         elif message[0] == "error":
-            raise RuntimeError(f"mploader's worker zygote could not fork a worker: {message[1]}")
+            raise ZygoteError(self._describe(f"could not fork a worker: {message[1]}"))
         return True
+
+    def _raise_unanswered(self, deadline: float, what: str, seconds: float) -> None:
+        if self.gone:
+            raise _Gone(self._describe(f"ended while it was asked {what}"))
+        state = _process_state(self.process.pid)
+        self._abandon(f"no answer {what} within {seconds:g} s")
+        raise ZygoteTimeoutError(self._describe(
+            f"did not answer a request {what} within {seconds:g} s (its state was: {state}); "
+            "it was killed, and the next loader starts a fresh one"
+        ))
+
+    def _abandon(self, reason: str) -> None:
+        """Kill a zygote we can no longer talk to (SIGKILL works on a stopped process too)."""
+        self.broken = reason
+        try:
+            self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+        self.process.join(timeout=1.0)
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _describe(self, what: str) -> str:
+        return (f"mploader's {self.start_method} worker zygote (pid {self.process.pid}) {what}. "
+                f"{_WAY_OUT}.")
+
+    def ended_how(self) -> str:
+        """``mploader's spawn worker zygote (pid N) was killed by SIGKILL``, and so on."""
+        self.process.join(timeout=1.0)
+        code = self.process.exitcode
+        if code is None:
+            status = "closed its connection"
+        elif code < 0:
+            status = f"was killed by {_signal_name(-code)}"
+        else:
+            status = f"exited with exit code {code}"
+        return f"mploader's {self.start_method} worker zygote (pid {self.process.pid}) {status}"
+
+    def _failed_to_start(self, traceback_text: str = "") -> str:
+        cause = (f"it failed while preloading:\n{traceback_text}" if traceback_text else
+                 "its stderr, above, says why. A common cause under spawn and forkserver: the "
+                 "main module builds and iterates a DataLoader when it is imported; put that "
+                 "code under `if __name__ == '__main__':`")
+        return (f"{self.ended_how()} before it was ready to start workers; {cause}. "
+                f"{_WAY_OUT}.")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _process_state(pid: int | None) -> str:
+    """The ``State:`` line of /proc/<pid>/status (``T (stopped)``, ``R (running)``...)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("State:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 class ZygoteProcess:
     """A worker forked by the zygote, with the parts of ``multiprocessing.Process`` we use."""
 
-    def __init__(self, zygote: Zygote, name: str, spec: Any, task_reader: Connection,
-                 result_writer: Connection) -> None:
-        self.zygote = zygote
+    def __init__(self, context: Any, name: str, spec: Any, task_reader: Connection,
+                 result_writer: Connection, answer_seconds: float = ANSWER_SECONDS) -> None:
+        self.context = context
+        self.zygote: Zygote | None = None
         self.name = name
         self.daemon = True
         self._spec = spec
         self._ends = (task_reader, result_writer)
+        self._answer_seconds = answer_seconds
         self.pid: int | None = None
         self.sentinel = -1
         self._exitcode: int | None = None
 
     def start(self) -> None:
+        """Fork through this process's zygote; a zygote found dead is replaced once."""
         life_read, life_write = os.pipe()
         try:
             fds = [self._ends[0].fileno(), self._ends[1].fileno(), life_write]
-            self.pid = self.zygote.fork(self.name, self._spec, fds)
+            for attempt in (1, 2):
+                zygote = zygote_for(self.context)
+                try:
+                    self.pid = zygote.fork(self.name, self._spec, fds, self._answer_seconds)
+                except _Gone:
+                    if attempt == 2:
+                        raise
+                    _log.warning("%r had ended; starting a new one", zygote)
+                    continue
+                self.zygote = zygote
+                break
         except BaseException:
             os.close(life_read)
             raise
@@ -140,15 +360,15 @@ class ZygoteProcess:
 
     @property
     def exitcode(self) -> int | None:
-        if self._exitcode is None and self.pid is not None and self._ended(0):
-            self._exitcode = self.zygote.exit_code(self.pid, timeout=2.0)
+        if (self._exitcode is None and self.pid is not None and self.zygote is not None
+                and self._ended(0)):
+            self._exitcode = self.zygote.exit_code(self.pid)
         return self._exitcode
 
     def _ended(self, timeout: float | None) -> bool:
         if self.sentinel < 0:
             return True
-        readable, _, _ = select.select([self.sentinel], [], [], timeout)
-        return bool(readable)
+        return bool(readable([self.sentinel], timeout))
 
     def is_alive(self) -> bool:
         return self.pid is not None and not self._ended(0)
@@ -202,28 +422,33 @@ def _send(sock: socket.socket, message: Any) -> None:
 
 
 def _zygote_main(sock: socket.socket) -> None:
-    """Preload, then fork workers on request and report their exits, until the main process goes.
+    """Preload, say ready, then fork workers on request and report their exits, until the main
+    process goes.
 
     The main process closing its end of the socket (or dying) ends the loop; so does a change of
     parent (the main process under spawn, the fork server under forkserver).
     """
     parent = os.getppid()
-    import torch  # noqa: F401  (the point of the zygote: import once, fork many)
+    try:
+        import torch  # noqa: F401  (the point of the zygote: import once, fork many)
 
-    import mploader.worker.loop  # noqa: F401
-
+        import mploader.worker.loop  # noqa: F401
+    except BaseException:
+        _send(sock, ("failed", traceback.format_exc()))
+        raise
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd is what matters
+    _send(sock, ("ready",))
     try:
         while True:
-            readable, _, _ = select.select([sock.fileno(), wake_read], [], [], 1.0)
-            if wake_read in readable:
+            ready = readable([sock.fileno(), wake_read], 1.0)
+            if wake_read in ready:
                 os.read(wake_read, 4096)
             _reap_children(sock)
-            if sock.fileno() in readable and not _serve_request(sock, (wake_read, wake_write)):
+            if sock.fileno() in ready and not _serve_request(sock, (wake_read, wake_write)):
                 return  # the main process closed its end (or died)
             if os.getppid() != parent:
                 return

@@ -86,7 +86,7 @@ class WorkerLoop:
         self.init_error: RemoteError | None = None
         self.epoch_error: RemoteError | None = None
         self.fetcher: MapFetcher | IterableFetcher | None = None
-        self.watchdog = ParentWatchdog(spec.parent_pid)
+        self.watchdog = ParentWatchdog(spec.parent_pid, tasks.fileno(), spec.parent_is_zygote)
         self.channel: WorkerEnd = open_worker_end(
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
             spec.in_flight_per_worker,
@@ -326,6 +326,14 @@ class WorkerLoop:
         return None if self.recorder is None else self.recorder.snapshot(self.fetcher)
 
     def send(self, message: Any, payload: bytes | None = None) -> None:
+        """Write one reply; a main process that closed its end (it stopped us, or it is exiting)
+        wants nothing more: the worker then ends quietly, with no traceback."""
+        try:
+            self._send(message, payload)
+        except BrokenPipeError:
+            raise _StopRequested from None
+
+    def _send(self, message: Any, payload: bytes | None) -> None:
         if payload is not None and len(payload) >= SEPARATE_FRAME_BYTES:
             message.payload_follows = True
             self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))

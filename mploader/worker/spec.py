@@ -37,3 +37,6 @@ class WorkerSpec:
     record_state: bool = False  # send a WorkerSnapshot with each result (DataLoader.state_dict())
     restore: WorkerRestore | None = None  # a resumed or restarted worker's state to start from
     worker_threads: int = 1  # > 1: fetch on that many threads (mploader.worker.threads)
+    # Forked by mploader's zygote: the parent process is the zygote, whose end is not the main
+    # process's (the worker's watchdog then watches the main process only).
+    parent_is_zygote: bool = False

@@ -2,14 +2,21 @@
 
 The worker's read loop asks :meth:`ParentWatchdog.parent_alive` whenever its wait times out; a
 daemon thread covers a worker busy in a long task, ending the process a grace period after the
-parent disappeared.  The parent pid recorded at start is the main process (fork, spawn) or the fork
-server (forkserver), which itself exits when the main process does; either way a change means the
-main process is gone.
+parent disappeared.  Three signs, any one enough:
+
+- the task pipe has no writer left (``POLLHUP``): the main process holds its only write end, so
+  this holds across pid namespaces and even while the dead main process is an unreaped zombie;
+- the parent changed, where the parent is the main process (fork, spawn) or the fork server
+  (forkserver), which itself exits when the main process does.  A worker forked by mploader's
+  zygote skips this one: the zygote dying (or being replaced) is not the main process dying, and
+  the worker goes on with its epoch;
+- the main pid no longer exists.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -21,12 +28,18 @@ BUSY_GRACE_SECONDS = 3.0
 
 
 class ParentWatchdog:
-    def __init__(self, main_pid: int) -> None:
+    def __init__(self, main_pid: int, task_fd: int = -1, parent_is_zygote: bool = False) -> None:
         self.main_pid = main_pid
         self.initial_ppid = os.getppid()
+        self.parent_is_zygote = parent_is_zygote
+        self._task_pipe = select.poll()
+        if task_fd >= 0:
+            self._task_pipe.register(task_fd, 0)  # POLLHUP and POLLERR are always reported
 
     def parent_alive(self) -> bool:
-        if os.getppid() != self.initial_ppid:
+        if self._task_pipe.poll(0):
+            return False
+        if not self.parent_is_zygote and os.getppid() != self.initial_ppid:
             return False
         try:
             os.kill(self.main_pid, 0)

@@ -20,6 +20,7 @@ from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
 
 from .fault_row import FaultRow
 from .fault_rows_channel import CHANNEL_FAULTS
+from .fault_rows_process import PROCESS_FAULTS
 from .faulty import CustomError, FailingIter, FailingSetupHooks, Faulty, failing_init
 
 
@@ -70,7 +71,7 @@ LOADER_FAULTS = [
 
 # Every row of the fault table.  Other groups of rows live in their own modules (one list each)
 # and are added here.
-FAULT_TABLE: list[FaultRow] = [*LOADER_FAULTS, *CHANNEL_FAULTS]
+FAULT_TABLE: list[FaultRow] = [*LOADER_FAULTS, *CHANNEL_FAULTS, *PROCESS_FAULTS]
 
 
 @pytest.mark.parametrize("row", FAULT_TABLE, ids=lambda row: row.id)
@@ -136,15 +137,6 @@ def test_error_after_death_shuts_down_every_worker():
     from .conftest import wait_until_gone
 
     assert wait_until_gone(pids, seconds=0.5) == []
-
-
-def test_plain_pickling_of_an_unpicklable_batch(start_method):
-    loader = mploader.DataLoader(Faulty("unpicklable_batch"), batch_size=None, num_workers=2,
-                                 multiprocessing_context=start_method, shared_memory=False)
-    with pytest.raises((AttributeError, TypeError, __import__("pickle").PicklingError)) as caught:
-        list(loader)
-    assert "lambda" in str(caught.value) or "pickle" in str(caught.value)
-    del caught
 
 
 def test_torch_agrees_on_the_death_message():

@@ -5,10 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 
@@ -100,42 +96,6 @@ def test_two_loaders_at_once(start_method):
     assert [row for batch in got_b if batch is not None for row in batch.tolist()] == [
         [i] for i in range(12)
     ]
-
-
-PARENT = textwrap.dedent(
-    """
-    import sys, time
-    import mploader
-    sys.path.insert(0, {tests!r})
-    from lifecycle.faulty import Slow
-    loader = mploader.DataLoader(Slow(sleep=1.0), batch_size=1, num_workers=2,
-                                 multiprocessing_context={method!r})
-    iterator = iter(loader)
-    print(" ".join(str(p.pid) for p in iterator._workers), flush=True)
-    next(iterator)
-    time.sleep(60)
-    """
-)
-
-
-def test_workers_exit_when_the_parent_is_killed(start_method):
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT.format(tests=tests, method=start_method)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        pids = [int(pid) for pid in parent.stdout.readline().split()]
-        assert len(pids) == 2
-        time.sleep(0.5)
-        parent.kill()
-        parent.wait()
-        started = time.monotonic()
-        assert wait_until_gone(pids, seconds=10) == []
-        assert time.monotonic() - started < 6
-    finally:
-        parent.kill()
-        parent.wait()
 
 
 def test_a_forked_child_never_shuts_down_the_parents_loader():
