@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mploader._install import install, is_installed, uninstall
 from mploader.config import SharedMemoryConfig
-from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError
+from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError, ZygoteError
 from mploader.loader import DataLoader
 from mploader.worker.hooks import ProcessLocal, WorkerHooks, worker_session
 from mploader.worker.info import WorkerInfo, get_worker_info
@@ -24,6 +24,7 @@ __all__ = [
     "WorkerError",
     "WorkerHooks",
     "WorkerInfo",
+    "ZygoteError",
     "get_worker_info",
     "install",
     "is_installed",
