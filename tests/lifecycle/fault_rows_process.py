@@ -148,7 +148,7 @@ def zygote_sigkill_then_restart(start_method: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
         marker = os.path.join(folder, "killed")
         open(marker, "w").close()  # no kill until the zygote is gone
-        dataset = KillAt(marker, at=9)
+        dataset = KillAt(marker, at=13)  # task 6, sent after batch 2: after the unlink
         expected = torch_epoch(dataset, batch_size=2)
         loader = mploader.DataLoader(dataset, batch_size=2, num_workers=2,
                                      multiprocessing_context=start_method,
@@ -156,7 +156,7 @@ def zygote_sigkill_then_restart(start_method: str) -> None:
         iterator = iter(loader)
         got = [next(iterator).flatten().tolist()]
         os.kill(zygote_pid(start_method), signal.SIGKILL)
-        os.unlink(marker)  # now item 9 kills its worker, once
+        os.unlink(marker)  # now item 13 kills its worker, once
         got += epoch(iterator)
         assert got == expected
         assert iterator.stats().restarts == 1
