@@ -24,10 +24,22 @@ def fd_identity(fd: int) -> tuple[int, int] | None:
 
 
 def close_inherited(fds: InheritedFds) -> None:
-    """In a forked worker: close the listed fds that are still the pipes they were."""
-    for fd, identity in fds:
-        if fd_identity(fd) == identity:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    """In a forked worker: let go of the listed fds that are still the pipes they were.
+
+    Each is replaced by ``/dev/null`` (``dup2``, atomic) rather than closed: the pipe loses this
+    reference all the same, but the number stays taken.  The parent's ``Connection`` objects
+    that hold these numbers live on in this process, and when its collector frees them (an
+    abandoned iterator, garbage in the parent when the worker forked) each closes its number: a
+    plain close would have made that ``EBADF``, or, after the worker reused the number for a file
+    of its own, closed that file under it.
+    """
+    null = -1
+    try:
+        for fd, identity in fds:
+            if fd_identity(fd) == identity:
+                if null < 0:
+                    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                os.dup2(null, fd, inheritable=False)
+    finally:
+        if null >= 0:
+            os.close(null)

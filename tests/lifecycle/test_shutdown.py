@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -153,3 +155,36 @@ def test_many_workers_ending_together():
         iterator = iter(loader)
         next(iterator)
         iterator._shutdown_workers()
+
+
+ABANDONED_THEN_FORKED = """
+import gc, sys
+sys.path.insert(0, {tests!r})
+import mploader
+from lifecycle.faulty import CollectsGarbage, CustomError, Faulty
+
+gc.disable()  # the abandoned iterator stays uncollected garbage while the next workers fork
+abandoned = mploader.DataLoader(Faulty("raise", at=0, length=4), batch_size=None, num_workers=2,
+                                multiprocessing_context="fork", shared_memory=False)
+try:
+    list(abandoned)
+except CustomError:
+    pass  # the iterator is garbage now: a cycle through the error's traceback
+loader = mploader.DataLoader(CollectsGarbage(), batch_size=None, num_workers=2,
+                             multiprocessing_context="fork")  # each item runs gc.collect()
+print([int(item) for item in loader])
+"""
+
+
+def test_fork_workers_collecting_an_inherited_iterator_close_nothing_of_theirs():
+    """Regression: a fork worker closed the fds it inherited from an abandoned iterator (still
+    uncollected garbage in the parent); when the worker's own collector then freed that
+    iterator's Connection objects, each closed its fd number again: `Bad file descriptor`
+    tracebacks, or, had the worker reused the number, one of its own files closed under it.
+    Inherited pipes are now replaced by /dev/null, which keeps each number taken."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", ABANDONED_THEN_FORKED.format(tests=tests)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(list(range(6)))
+    assert "Bad file descriptor" not in result.stderr, result.stderr
