@@ -256,11 +256,11 @@ class Zygote:
     def _raise_unanswered(self, deadline: float, what: str, seconds: float) -> None:
         if self.gone:
             raise _Gone(self._describe(f"ended while it was asked {what}"))
-        state = _process_state(self.process.pid)
-        self._abandon(f"no answer {what} within {seconds:g} s")
+        reason = (f"no answer to a request {what} within {seconds:g} s (its state was: "
+                  f"{_process_state(self.process.pid)})")
+        self._abandon(reason)
         raise ZygoteTimeoutError(self._describe(
-            f"did not answer a request {what} within {seconds:g} s (its state was: {state}); "
-            "it was killed, and the next loader starts a fresh one"
+            f"gave {reason}; it was killed, and the next loader starts a fresh one"
         ))
 
     def _abandon(self, reason: str) -> None:
