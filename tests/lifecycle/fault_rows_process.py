@@ -164,14 +164,22 @@ def zygote_sigkill_then_restart(start_method: str) -> None:
 
 
 def zygote_sigstop_timeout(start_method: str) -> None:
-    """The zygote stopped (SIGSTOP): a new epoch with timeout=2 raises torch's timeout within
-    about 2 s, naming the stopped zygote as the cause (it used to block until SIGCONT)."""
-    loader = mploader.DataLoader(Slow(length=8, sleep=0.0), batch_size=2, num_workers=2,
+    """The zygote stopped (SIGSTOP) mid-epoch: the epoch completes (its workers do not need the
+    zygote) and its shutdown waits for the mute zygote's exit reports at most once,
+    ``EXIT_REPORT_SECONDS``; the next epoch, with timeout=2, raises torch's timeout within about
+    2 s, the stopped zygote named as the cause (forking used to wait until SIGCONT)."""
+    dataset = Slow(length=8, sleep=0.01)
+    loader = mploader.DataLoader(dataset, batch_size=2, num_workers=2,
                                  multiprocessing_context=start_method, timeout=2)
-    assert len(epoch(loader)) == 4
+    iterator = iter(loader)
+    got = [next(iterator).flatten().tolist()]
     pid = zygote_pid(start_method)
     os.kill(pid, signal.SIGSTOP)
     try:
+        started = time.monotonic()
+        got += epoch(iterator)  # ends with the shutdown of its workers
+        ending = time.monotonic() - started
+        assert got == torch_epoch(dataset, batch_size=2)
         started = time.monotonic()
         with pytest.raises(RuntimeError) as caught:
             epoch(loader)
@@ -181,6 +189,7 @@ def zygote_sigstop_timeout(start_method: str) -> None:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass  # abandoned: killed by the loader
+    assert ending < zygote.EXIT_REPORT_SECONDS + 1.0, f"the epoch's end took {ending:.1f} s"
     assert str(caught.value) == "DataLoader timed out after 2 seconds"
     cause = str(caught.value.__cause__)
     assert "zygote" in cause and "stopped" in cause and "MPLOADER_ZYGOTE=0" in cause, cause
