@@ -55,3 +55,15 @@ def test_imports_need_only_the_runtime_dependencies(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["DataLoader", "NebulaHooks", "NebulaFeatureStore"]
+
+
+def test_no_select_select_anywhere() -> None:
+    """select(2) takes fd numbers below 1024 only; a training job often holds more fds than
+    that (issue 10, item 4): waits use poll(2) or selectors, never ``select.select``."""
+    offenders = [
+        str(path.relative_to(REPOSITORY))
+        for folder in ("mploader", "nebula_testing")
+        for path in (REPOSITORY / folder).rglob("*.py")
+        if "select.select(" in path.read_text()
+    ]
+    assert offenders == []
