@@ -368,7 +368,7 @@ def main_process_ends(row_id: str, how: signal.Signals, wait_in_next: bool, floa
 
 
 FULL_SHM = """
-    import os, torch, mploader
+    import gc, os, torch, mploader
     from torch.utils.data import Dataset
     from mploader.channel.shm import SharedMemoryFullError
 
@@ -387,6 +387,8 @@ FULL_SHM = """
         except SharedMemoryFullError as error:
             print("needed", error.needed_bytes, "free", error.free_bytes)
             print("message", error)
+        del loader
+        gc.collect()  # the iterator, in a cycle with the error's traceback, is gone
         print("left", sorted(os.listdir("/dev/shm")))
 """
 
