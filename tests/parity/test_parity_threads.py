@@ -179,3 +179,9 @@ def test_mid_epoch_resume_with_threads_gives_the_rest_of_the_epoch() -> None:
     assert_same_batches(expected[0][:5], head, "before the state")
     assert_same_batches(expected[0][5:], list(resumed), "resumed epoch")
     assert_same_batches(expected[1], list(resumed), "next epoch")
+
+
+def test_without_workers_threads_change_nothing() -> None:
+    options = dict(dataset=WhoFetched(10), batch_size=3)
+    expected = list(torch.utils.data.DataLoader(**options))
+    assert_same_batches(expected, list(mploader.DataLoader(**options, worker_threads=4)))
