@@ -16,6 +16,28 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class PicklesWithoutInit:
+    """Mixin for exceptions whose ``__init__`` takes other arguments than the message.
+
+    ``BaseException`` pickles as ``type(*args)`` plus ``__dict__``: an ``__init__`` with more (or
+    keyword-only) parameters then fails to unpickle (``missing 6 required keyword-only
+    arguments``), in a test harness or a ``multiprocessing`` pool that ships it back to its parent.
+    These exceptions pickle as their type, ``args`` and ``__dict__`` (attributes and notes) and are
+    rebuilt without calling ``__init__`` again.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        assert isinstance(self, BaseException)
+        return (rebuild_exception, (type(self), self.args), self.__dict__)
+
+
+def rebuild_exception(error_type: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An ``error_type`` with ``args`` whose ``__init__`` is not run (pickle restores the rest)."""
+    error = error_type.__new__(error_type, *args)
+    error.args = args
+    return error
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker; set as the re-raised error's cause."""
 
@@ -27,7 +49,7 @@ class RemoteTraceback(Exception):
         return self.text
 
 
-class WorkerError(RuntimeError):
+class WorkerError(PicklesWithoutInit, RuntimeError):
     """A worker raised an exception that could not travel to the main process as itself."""
 
     def __init__(self, message: str, original_type: str) -> None:
@@ -35,7 +57,7 @@ class WorkerError(RuntimeError):
         self.original_type = original_type
 
 
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(PicklesWithoutInit, RuntimeError):
     """A worker process ended without being asked to (killed by a signal, or exited).
 
     The message starts with torch's own wording (``DataLoader worker (pid N) is killed by signal:

@@ -32,7 +32,7 @@ from typing import Any
 
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
-from mploader.errors import PoisonTaskError, ZygoteTimeoutError
+from mploader.errors import PicklesWithoutInit, PoisonTaskError, ZygoteTimeoutError
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
@@ -382,7 +382,7 @@ class MultiProcessIterator(BaseIterator):
             self._channel.discard(worker_id, payload)
 
 
-class _TaskError(Exception):
+class _TaskError(PicklesWithoutInit, Exception):
     """A worker's exception on its way out of ``__next__``; the iterator stays usable."""
 
     def __init__(self, error: BaseException) -> None:

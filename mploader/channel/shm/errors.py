@@ -42,7 +42,8 @@ class SharedMemoryFullError(SharedMemoryError, OSError):
         return str(self.strerror)
 
     def __reduce__(self):  # OSError's reduce would rebuild from (errno, strerror) and lose fields
-        return type(self), (self.directory, self.needed_bytes, self.free_bytes)
+        # __init__ runs again (it sets OSError's errno and strerror); __dict__ brings the notes.
+        return type(self), (self.directory, self.needed_bytes, self.free_bytes), self.__dict__
 
 
 class BatchTooLargeError(SharedMemoryError, ValueError):
@@ -61,7 +62,8 @@ class BatchTooLargeError(SharedMemoryError, ValueError):
         self.num_workers = num_workers
 
     def __reduce__(self):
-        return type(self), (self.needed_bytes, self.worker_budget_bytes, self.num_workers)
+        return (type(self), (self.needed_bytes, self.worker_budget_bytes, self.num_workers),
+                self.__dict__)
 
 
 class BlockVanishedError(SharedMemoryError):

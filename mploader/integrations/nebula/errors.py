@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mploader.errors import PicklesWithoutInit
+
 
 class NebulaError(RuntimeError):
     """Base of the errors raised here."""
@@ -15,7 +17,7 @@ class NebulaAuthError(NebulaError):
     """graphd rejected the user name or password."""
 
 
-class NebulaQueryError(NebulaError):
+class NebulaQueryError(PicklesWithoutInit, NebulaError):
     """A statement failed; ``code`` is graphd's ``ErrorCode``, ``statement`` what was sent."""
 
     def __init__(self, message: str, code: int, statement: str) -> None:

@@ -1,0 +1,167 @@
+"""Every exception class mploader defines survives pickling: type, message, attributes, notes.
+
+Test harnesses and ``multiprocessing`` pools ship exceptions from a child to its parent by pickle;
+``BaseException`` pickles as ``type(*args)``, which fails for an ``__init__`` with other
+parameters.  The classes are found by walking the package, so a new exception class fails
+:func:`test_every_exception_class_has_a_sample` until it gets a sample here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import pickle
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import mploader
+from mploader.channel.shm.errors import (
+    BatchTooLargeError,
+    BlockVanishedError,
+    SharedMemoryError,
+    SharedMemoryFullError,
+)
+from mploader.errors import PoisonTaskError, RemoteTraceback, WorkerDiedError, WorkerError
+from mploader.integrations.nebula.errors import (
+    NebulaAuthError,
+    NebulaConnectionError,
+    NebulaError,
+    NebulaQueryError,
+)
+
+
+def exception_classes() -> dict[str, type[BaseException]]:
+    """Every exception class defined in a module of the ``mploader`` package, by qualified name."""
+    found: dict[str, type[BaseException]] = {}
+    for module_info in pkgutil.walk_packages(mploader.__path__, "mploader."):
+        module = importlib.import_module(module_info.name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+            ):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    return found
+
+
+def _died() -> WorkerDiedError:
+    return WorkerDiedError(
+        "DataLoader worker (pid 4242) is killed by signal: Killed. worker 1 ...",
+        worker_id=1, pid=4242, exitcode=-9, task_ids=(3, 5), indices=([6, 7], [10, 11]),
+        likely_cause="out of memory (the kernel's OOM killer)",
+    )
+
+
+def _private(qualified_name: str) -> Callable[..., BaseException]:
+    module_name, _, class_name = qualified_name.rpartition(".")
+    cls: Callable[..., BaseException] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+# One representative instance per class, built as mploader builds it.
+SAMPLES: dict[str, Callable[[], BaseException]] = {
+    "mploader.errors.RemoteTraceback": lambda: RemoteTraceback('\n"""\nTraceback ...\n"""'),
+    "mploader.errors.WorkerError": lambda: WorkerError(
+        "Caught mod.Odd in DataLoader worker 0 (pid 7); here is its text: odd", "mod.Odd"
+    ),
+    "mploader.errors.WorkerDiedError": _died,
+    "mploader.errors.PoisonTaskError": lambda: PoisonTaskError(
+        5, [10, 11], ["pid 1: SIGKILL", "pid 2: SIGKILL"], _died()
+    ),
+    "mploader.channel.shm.errors.SharedMemoryError": lambda: SharedMemoryError("pool broken"),
+    "mploader.channel.shm.errors.SharedMemoryFullError": lambda: SharedMemoryFullError(
+        "/dev/shm", 1 << 30, 1 << 20
+    ),
+    "mploader.channel.shm.errors.BatchTooLargeError": lambda: BatchTooLargeError(
+        1 << 33, 1 << 31, 4
+    ),
+    "mploader.channel.shm.errors.BlockVanishedError": lambda: BlockVanishedError(
+        "block mploader-1-2-3 of worker 0 is gone"
+    ),
+    "mploader.integrations.nebula.errors.NebulaError": lambda: NebulaError("nebula failed"),
+    "mploader.integrations.nebula.errors.NebulaConnectionError": lambda: NebulaConnectionError(
+        "graphd at 127.0.0.1:9669 cannot be reached"
+    ),
+    "mploader.integrations.nebula.errors.NebulaAuthError": lambda: NebulaAuthError(
+        "graphd rejected user root"
+    ),
+    "mploader.integrations.nebula.errors.NebulaQueryError": lambda: NebulaQueryError(
+        "SemanticError: no such tag", -1009, "FETCH PROP ON nope 1 YIELD nope.x"
+    ),
+    "mploader.iterator.multi._TaskError": lambda: _private("mploader.iterator.multi._TaskError")(
+        ValueError("bad item 3")
+    ),
+    "mploader.worker.loop._StopRequested": lambda: _private(
+        "mploader.worker.loop._StopRequested"
+    )(),
+    "mploader.worker.loop._Abandon": lambda: _private("mploader.worker.loop._Abandon")(),
+}
+
+
+def test_every_exception_class_has_a_sample() -> None:
+    found = exception_classes()
+    assert "mploader.errors.WorkerDiedError" in found  # the walk reaches the package's modules
+    missing = sorted(set(found) - set(SAMPLES))
+    assert not missing, f"exception classes without a sample in SAMPLES: {missing}"
+    stale = sorted(set(SAMPLES) - set(found))
+    assert not stale, f"SAMPLES names classes that no longer exist: {stale}"
+
+
+def sample(name: str) -> BaseException:
+    error = SAMPLES[name]()
+    assert f"{type(error).__module__}.{type(error).__qualname__}" == name
+    error.add_note(f"a note on {name}")
+    return error
+
+
+def assert_same_exception(original: BaseException, copy: BaseException) -> None:
+    assert type(copy) is type(original)
+    assert str(copy) == str(original)
+    assert copy.args == original.args
+    assert getattr(copy, "__notes__", None) == original.__notes__
+    assert _attributes(copy) == _attributes(original)
+    if isinstance(original, OSError):
+        assert isinstance(copy, OSError)
+        assert (copy.errno, copy.strerror) == (original.errno, original.strerror)
+
+
+def _attributes(error: BaseException) -> dict[str, Any]:
+    """Public attributes and properties, nested exceptions compared by type and text."""
+    values = {}
+    for name in dir(error):
+        if name.startswith("__") or name in ("args", "with_traceback", "add_note"):
+            continue
+        try:
+            value = getattr(error, name)
+        except AttributeError:  # OSError.characters_written when unset
+            continue
+        if callable(value):
+            continue
+        values[name] = (type(value), str(value)) if isinstance(value, BaseException) else value
+    return values
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_round_trip(name: str) -> None:
+    error = sample(name)
+    for protocol in (2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+        assert_same_exception(error, pickle.loads(pickle.dumps(error, protocol=protocol)))
+
+
+def _raise_sample(name: str) -> None:
+    raise sample(name)
+
+
+def test_raised_in_a_child_process_and_shipped_back() -> None:
+    """A multiprocessing pool pickles the child's exception and re-raises it in the parent."""
+    names = sorted(SAMPLES)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        pending = [(name, pool.apply_async(_raise_sample, (name,))) for name in names]
+        for name, result in pending:
+            with pytest.raises(BaseException) as caught:
+                result.get(timeout=30)
+            assert_same_exception(sample(name), caught.value)
