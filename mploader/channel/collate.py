@@ -2,9 +2,11 @@
 
 torch's ``default_collate`` in a worker stacks each tensor field into a fresh shared-memory
 segment; we run torch's own ``collate`` (so every container rule, number rule and error message is
-torch's) with one entry replaced: tensors become a :class:`PendingStack`. The encoder then lays
-out all pending stacks in one pool block and runs ``torch.stack(..., out=view)`` into it, so the
-batch is written exactly once.
+torch's) with one entry replaced: plain tensors become a :class:`PendingStack`. The encoder then
+lays out all pending stacks in one pool block and runs ``torch.stack(..., out=view)`` into it, so
+the batch is written exactly once.  Batches of any other tensor (nested, sparse, quantized,
+subclasses, requiring grad: see ``mploader.channel.tensors``) go to torch's own
+``collate_tensor_fn``, which inside a worker gives torch's in-worker result or error.
 """
 
 from __future__ import annotations
@@ -15,23 +17,10 @@ from typing import Any
 import torch
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
+from mploader.channel.tensors import all_plain
+
 # What torch's collate hands a tensor entry: a list of samples, or a tuple from zip(*batch).
 TensorBatch = list[torch.Tensor] | tuple[torch.Tensor, ...]
-
-_SPARSE_LAYOUTS = frozenset(
-    {torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc}
-)
-
-# torch's wording, so a bad batch fails with the message default_collate would give.
-_NESTED_MESSAGE = (
-    "Batches of nested tensors are not currently supported by the default collate_fn; "
-    "please provide a custom collate_fn to handle them appropriately."
-)
-_SPARSE_MESSAGE = (
-    "Batches of sparse tensors are not currently supported by the default collate_fn; "
-    "please provide a custom collate_fn to handle them appropriately."
-)
-
 
 class PendingStack:
     """``torch.stack(tensors, 0)``, deferred until the encoder knows where to put it.
@@ -56,6 +45,7 @@ class PendingStack:
         dtype = self.dtype
         return all(
             type(tensor) is torch.Tensor
+            and not tensor.is_nested  # before .shape, which a nested tensor does not have
             and tensor.shape == shape
             and tensor.dtype == dtype
             and not tensor.requires_grad
@@ -75,28 +65,18 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _check_collatable(elem: torch.Tensor) -> None:
-    if elem.is_nested:
-        raise RuntimeError(_NESTED_MESSAGE)
-    if elem.layout in _SPARSE_LAYOUTS:
-        raise RuntimeError(_SPARSE_MESSAGE)
-
-
 def _pending_tensor_fn(batch: TensorBatch, *, collate_fn_map: Any = None) -> Any:
-    _check_collatable(batch[0])
-    if any(getattr(tensor, "requires_grad", False) for tensor in batch):
-        return _plain_tensor_fn(batch)  # raises torch's in-worker error, as torch's does
+    if not all_plain(batch):
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's, as in its workers
     return PendingStack(batch)
 
 
 def _plain_tensor_fn(batch: TensorBatch, *, collate_fn_map: Any = None) -> Any:
-    """torch's in-worker ``collate_tensor_fn`` without its per-batch shared-memory segment.
-
-    Like torch's, it stacks with ``out=`` (here into ordinary memory), so it fails where torch's
-    fails in a worker: leaf tensors that require grad cannot be stacked with ``out=``.
-    """
+    """torch's in-worker ``collate_tensor_fn`` without its per-batch shared-memory segment
+    (for plain tensors; other kinds go to torch's own)."""
+    if not all_plain(batch):
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
     elem = batch[0]
-    _check_collatable(elem)
     out = elem.new_empty((len(batch), *elem.shape))
     return torch.stack(batch, 0, out=out)
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Sequence
 from typing import Any
 
 from mploader.channel.collate import collate_samples
 from mploader.channel.protocol import WaitForRelease
+from mploader.channel.tensors import by_value_dispatch_table
 
 
 class PlainWorkerEnd:
     def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes:
-        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        """The batch pickled by value; tensors torch's workers refuse to send are refused."""
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = by_value_dispatch_table()
+        pickler.dump(batch)
+        return buffer.getvalue()
 
     def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
         # torch's in-worker default_collate allocates a shared-memory segment per tensor, which

@@ -13,6 +13,7 @@ from torch.utils.data import default_collate
 
 from mploader.channel.plain import PlainMainEnd, PlainWorkerEnd
 from mploader.config import SharedMemoryConfig
+from mploader.worker.info import make_worker_info, set_worker_info
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
@@ -101,8 +102,12 @@ def test_requires_grad_fails_as_torchs_in_worker_collate(loop):
     """torch's default_collate stacks with out= inside a worker, which autograd refuses; so does
     ours (in the main process torch's stacks them: that is num_workers=0's behaviour)."""
     samples = [torch.ones(3, requires_grad=True) for _ in range(2)]
-    with pytest.raises(RuntimeError, match=r"functions with out=\.\.\. arguments don't support"):
-        loop.collate(samples)
+    set_worker_info(make_worker_info(0, 1, 0, None))  # mploader collates only inside workers
+    try:
+        with pytest.raises(RuntimeError, match=r"functions with out=\.\.\. arguments don't"):
+            loop.collate(samples)
+    finally:
+        set_worker_info(None)
 
 
 @pytest.mark.parametrize("name", ["ints", "big_tensors", "dicts", "nested"])

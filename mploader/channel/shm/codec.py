@@ -14,9 +14,11 @@ On the wire (one ``bytes`` payload) come two pickles back to back:
    - ``(BLOCK_ARRAY, leaf, dtype_str, shape, offset)``          numpy array in the block
    - ``(REPEAT, leaf)``                                        the same object again
 
-   Everything else (numbers, strings, containers, dataclasses, any object, including tensors that
-   require grad or are subclasses, sparse, quantized or on another device) is pickled normally, so
+   Everything else (numbers, strings, containers, dataclasses, any object) is pickled normally, so
    every container type comes back as it was and arrays nested anywhere still travel zero-copy.
+   Tensors that are not plain (nested, sparse, quantized, subclasses, ``Parameter``, requiring
+   grad, on another device: ``mploader.channel.tensors``) go through ``ForkingPickler`` with
+   torch's reductions, exactly as torch's workers send them.
 
 Inline bytes are carried as ``bytearray`` so the tensors rebuilt from them are writable without
 another copy; torch's own tensor pickling (slow, and per-tensor shared memory in workers) is never
@@ -28,12 +30,14 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
 
 from mploader.channel.collate import PendingStack
+from mploader.channel.tensors import is_plain, reduce_as_torch_workers_do, tensor_reducers
 
 FORMAT_VERSION = 1
 
@@ -99,13 +103,7 @@ def _numpy_dtype(dtype_str: str) -> np.dtype:
 
 def _plain_tensor(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` can travel as raw bytes and come back as the same tensor."""
-    return (
-        not tensor.requires_grad
-        and tensor.layout is torch.strided
-        and tensor.is_cpu
-        and not tensor.is_quantized
-        and tensor.dtype in _TORCH_DTYPE_CODES
-    )
+    return is_plain(tensor) and tensor.dtype in _TORCH_DTYPE_CODES
 
 
 def _tensor_bytes_view(tensor: torch.Tensor) -> np.ndarray:
@@ -164,8 +162,14 @@ def _product(shape: tuple[int, ...]) -> int:
     return count
 
 
-class LeafEncoder(pickle.Pickler):
+_TORCH_WORKER_REDUCERS = tensor_reducers(reduce_as_torch_workers_do)
+
+
+class LeafEncoder(ForkingPickler):
     """Pickles one batch, placing array leaves inline or at offsets of a (not yet chosen) block.
+
+    A ``ForkingPickler`` with torch's reductions for everything that is not a leaf, as torch's
+    worker result queue pickles a batch.
 
     After :meth:`encode`, ``block_bytes`` says how large a block the batch needs (0: none); the
     channel acquires one and calls :meth:`fill` to copy (or stack) the leaves into it.
@@ -173,7 +177,8 @@ class LeafEncoder(pickle.Pickler):
 
     def __init__(self, inline_threshold: int) -> None:
         self._buffer = io.BytesIO()
-        super().__init__(self._buffer, protocol=5)
+        super().__init__(self._buffer, 5)  # ForkingPickler takes positional arguments only
+        self.dispatch_table.update(_TORCH_WORKER_REDUCERS)
         self._inline_threshold = inline_threshold
         # id(object) -> (leaf number, object); holding the object keeps its id from being reused
         # by a temporary (a small stack) while this batch is being pickled.

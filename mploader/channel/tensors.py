@@ -1,0 +1,86 @@
+"""Which tensors the channels carry their own way, and how every other tensor travels.
+
+A channel moves *plain* tensors (type exactly ``torch.Tensor``, dense and strided, not nested,
+not quantized, on the CPU, not requiring grad) in its own format: stacked by mploader's collate,
+then laid into a shared-memory block or pickled by value.  Every other tensor (nested, sparse
+COO/CSR/CSC/BSR/BSC, quantized, ``Tensor`` subclasses, ``Parameter``, tensors that require grad)
+is collated by torch's own ``collate_tensor_fn`` and travels as torch's workers send it, so what
+arrives, and what is refused with which error, is what torch's DataLoader gives:
+
+* the shared-memory channel pickles them with ``ForkingPickler`` and torch's reductions
+  (``torch.multiprocessing.reductions``), as torch's worker result queue does: their storages go
+  through torch's shared memory;
+* the plain channel pickles them by value (it exists to avoid shared memory), refusing what
+  torch's reductions refuse, with torch's error.
+
+One deliberate difference: torch's ``reduce_tensor`` drops a quantized tensor's quantizer (the
+tensor arrives unusable: ``cannot call qscheme on UnknownQuantizer``); quantized tensors travel by
+``Tensor``'s own pickling here, which keeps scale and zero point (and shares the storage all the
+same).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import reduce_tensor
+
+
+def is_plain(tensor: torch.Tensor) -> bool:
+    """Whether the channels' own format reproduces ``tensor`` exactly (see the module doc)."""
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.layout is torch.strided
+        and not tensor.is_nested
+        and not tensor.is_quantized
+        and tensor.is_cpu
+        and not tensor.requires_grad
+    )
+
+
+def all_plain(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> bool:
+    """Whether a batch of samples' tensors is mploader's to stack.
+
+    Like torch's ``collate_tensor_fn``, it looks closely at the first tensor only (five property
+    reads on each of 64 small tensors would cost twice the stacking); the others must be plain
+    ``Tensor`` objects not requiring grad, and their layout, device, dtype and shape are checked
+    where they are stacked (``PendingStack.can_stack_into_block``, ``torch.stack``).
+    """
+    return is_plain(tensors[0]) and all(
+        type(tensor) is torch.Tensor and not tensor.requires_grad for tensor in tensors
+    )
+
+
+def reduce_as_torch_workers_do(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """torch's reduction of a tensor on a worker's result queue (quantized ones excepted)."""
+    if tensor.is_quantized:
+        return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return reduce_tensor(tensor)  # type: ignore[no-any-return]
+
+
+def reduce_by_value(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """``Tensor``'s own pickling (bytes in the message), refusing what torch's workers refuse."""
+    if tensor.requires_grad and not tensor.is_leaf:
+        reduce_tensor(tensor)  # raises torch's "Cowardly refusing to serialize non-leaf tensor..."
+    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def _tensor_types() -> tuple[type, ...]:
+    """The types torch registers with ``ForkingPickler`` (dispatch is by exact type)."""
+    return (torch.Tensor, torch.nn.Parameter, *getattr(torch, "_tensor_classes", ()))
+
+
+def tensor_reducers(reduce: Callable[[torch.Tensor], tuple[Any, ...]]) -> dict[type, Any]:
+    """Pickler ``dispatch_table`` entries sending every tensor type through ``reduce``."""
+    return dict.fromkeys(_tensor_types(), reduce)
+
+
+def by_value_dispatch_table() -> dict[type, Any]:
+    """copyreg's table plus :func:`reduce_by_value` for tensors: the plain channel's."""
+    table: dict[type, Any] = dict(copyreg.dispatch_table)
+    table.update(tensor_reducers(reduce_by_value))
+    return table
