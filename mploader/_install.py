@@ -1,14 +1,23 @@
 """Swap mploader's multi-process iterator into every ``torch.utils.data.DataLoader``.
 
 Libraries that build their own loaders (PyG's ``NeighborLoader`` subclasses torch's DataLoader)
-never see ``mploader.DataLoader``; ``install()`` patches ``DataLoader._get_iterator`` on torch's
-class, so those subclasses iterate with mploader's workers too, unless they override
-``_get_iterator`` themselves.  ``num_workers=0`` keeps torch's own single-process iterator.
+never see ``mploader.DataLoader``.  What ``install()`` swaps is exactly one method:
+``torch.utils.data.DataLoader._get_iterator``, the one place torch's ``__iter__`` gets an iterator
+from.  With ``num_workers > 0`` it returns mploader's multi-process iterator; with
+``num_workers=0`` it returns torch's own single-process iterator.  Everything else (the
+constructor, its checks, ``__iter__``, ``__len__``, samplers, collate functions) stays torch's.
+
+So a subclass iterates with mploader's workers unless it overrides ``_get_iterator`` itself (as
+torchdata's ``StatefulDataLoader`` does, to build its own stateful iterator).  Such a subclass is
+not taken over: it gets one ``UserWarning`` naming it (once per class), at ``install()`` for
+classes that exist then, at class creation for those defined while installed.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
+import weakref
 from types import TracebackType
 from typing import Any
 
@@ -16,6 +25,9 @@ import torch.utils.data
 
 _lock = threading.Lock()
 _original_get_iterator: Any = None
+_MISSING = object()
+_original_init_subclass: Any = _MISSING  # torch's own __init_subclass__, if it defines one
+_warned_classes: weakref.WeakSet[type] = weakref.WeakSet()
 
 
 def _mploader_get_iterator(loader: Any) -> Any:
@@ -43,23 +55,79 @@ class Installation:
 
 
 def install() -> Installation:
-    """Make every torch DataLoader (and subclass) use mploader's multi-process iterator."""
-    global _original_get_iterator
+    """Make every torch DataLoader (and subclass) use mploader's multi-process iterator.
+
+    Subclasses that override ``_get_iterator`` keep their own and get a ``UserWarning``.
+    """
+    global _original_get_iterator, _original_init_subclass
+    torch_loader = torch.utils.data.DataLoader
     with _lock:
         if _original_get_iterator is None:
-            _original_get_iterator = torch.utils.data.DataLoader._get_iterator
-            torch.utils.data.DataLoader._get_iterator = _mploader_get_iterator  # type: ignore[method-assign,assignment]
+            _original_get_iterator = torch_loader._get_iterator
+            torch_loader._get_iterator = _mploader_get_iterator  # type: ignore[method-assign,assignment]
+            _original_init_subclass = vars(torch_loader).get("__init_subclass__", _MISSING)
+            torch_loader.__init_subclass__ = classmethod(_warn_on_new_subclass)  # type: ignore[assignment]
+    for subclass in _subclasses(torch_loader):
+        _warn_if_not_taken_over(subclass)
     return Installation()
 
 
 def uninstall() -> None:
     """Restore torch's iterator; idempotent."""
-    global _original_get_iterator
+    global _original_get_iterator, _original_init_subclass
+    torch_loader = torch.utils.data.DataLoader
     with _lock:
         if _original_get_iterator is not None:
-            torch.utils.data.DataLoader._get_iterator = _original_get_iterator  # type: ignore[method-assign]
+            torch_loader._get_iterator = _original_get_iterator  # type: ignore[method-assign]
             _original_get_iterator = None
+            if _original_init_subclass is _MISSING:
+                del torch_loader.__init_subclass__
+            else:
+                torch_loader.__init_subclass__ = _original_init_subclass  # type: ignore[method-assign]
+            _original_init_subclass = _MISSING
 
 
 def is_installed() -> bool:
     return _original_get_iterator is not None
+
+
+def _warn_on_new_subclass(cls: type, **kwargs: Any) -> None:
+    """``DataLoader.__init_subclass__`` while installed: a class defined now is checked too."""
+    super(torch.utils.data.DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+    _warn_if_not_taken_over(cls)
+
+
+def _subclasses(root: type) -> list[type]:
+    found: list[type] = []
+    pending: list[type] = list(root.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        if cls not in found:
+            found.append(cls)
+            pending.extend(cls.__subclasses__())
+    return found
+
+
+def _warn_if_not_taken_over(cls: type) -> None:
+    from mploader.loader import DataLoader as MploaderDataLoader
+
+    resolved = getattr(cls, "_get_iterator", None)
+    if resolved in (_mploader_get_iterator, MploaderDataLoader._get_iterator):
+        return  # torch's method (swapped) or mploader's own loader
+    if cls in _warned_classes:
+        return
+    _warned_classes.add(cls)
+    owner = next(klass for klass in cls.__mro__ if "_get_iterator" in vars(klass))
+    overridden_by = "it" if owner is cls else f"its base {_name(owner)}"
+    warnings.warn(
+        f"mploader.install() does not take over {_name(cls)}: {overridden_by} overrides "
+        "DataLoader._get_iterator, the one method install() swaps, so it keeps its own iterator "
+        "(torch's worker processes, not mploader's) unless that method calls "
+        "DataLoader._get_iterator. Use mploader.DataLoader for mploader's workers.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

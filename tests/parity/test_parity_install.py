@@ -6,6 +6,8 @@ torch's class itself uses mploader's iterator.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ import torch
 import torch.utils.data
 
 import mploader
+import mploader._install
 
 from .datasets import DictItems, ShardedIterable, TensorItems, assert_same_batches
 
@@ -158,3 +161,72 @@ def test_installed_iterable_dataset(start_method: str, channel: bool) -> None:
         loader = make()
         assert iterator_module(loader).startswith("mploader")
         assert_same_batches(expected, list(make()))
+
+
+# -- subclasses that own their iterator --------------------------------------------------------
+
+
+def _not_taken_over(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught
+            if issubclass(w.category, UserWarning) and "does not take over" in str(w.message)]
+
+
+@pytest.mark.usefixtures("uninstalled")
+def test_subclass_with_its_own_get_iterator_is_named_once() -> None:
+    """A subclass overriding ``_get_iterator`` keeps its iterator: one warning per class, naming
+    it (and the base that overrides), at ``install()`` or when defined while installed."""
+
+    class OwnIterator(torch.utils.data.DataLoader):
+        def _get_iterator(self) -> Any:
+            return torch.utils.data.dataloader._MultiProcessingDataLoaderIter(self)
+
+    class Inherits(torch.utils.data.DataLoader):
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mploader.install()
+        class Derived(OwnIterator):  # defined while installed
+            pass
+        mploader.uninstall()
+        mploader.install()  # again: no second warning for the same classes
+        loader = Derived(TensorItems(4), batch_size=2, num_workers=1,
+                         multiprocessing_context="fork")
+        assert iterator_module(loader) == "torch.utils.data.dataloader"
+        inherits = Inherits(TensorItems(4), batch_size=2, num_workers=1,
+                            multiprocessing_context="fork")
+        assert iterator_module(inherits).startswith("mploader")
+    texts = _not_taken_over(caught)
+    name = f"{__name__}.test_subclass_with_its_own_get_iterator_is_named_once.<locals>"
+    assert texts == [
+        f"mploader.install() does not take over {name}.OwnIterator: it overrides "
+        "DataLoader._get_iterator, the one method install() swaps, so it keeps its own iterator "
+        "(torch's worker processes, not mploader's) unless that method calls "
+        "DataLoader._get_iterator. Use mploader.DataLoader for mploader's workers.",
+        f"mploader.install() does not take over {name}.Derived: its base {name}.OwnIterator "
+        "overrides DataLoader._get_iterator, the one method install() swaps, so it keeps its own "
+        "iterator (torch's worker processes, not mploader's) unless that method calls "
+        "DataLoader._get_iterator. Use mploader.DataLoader for mploader's workers.",
+    ]
+    assert all(w.filename == __file__ for w in caught if "does not take over" in str(w.message))
+
+
+@pytest.mark.usefixtures("uninstalled")
+def test_torchdata_stateful_dataloader_keeps_its_iterator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchdata's ``StatefulDataLoader`` (the common subclass with its own iterator) is named in
+    the warning and still gives torch's batches, from its own workers."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    monkeypatch.setattr(mploader._install, "_warned_classes", weakref.WeakSet())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mploader.install():
+            loader = stateful.StatefulDataLoader(TensorItems(6), batch_size=2, num_workers=1,
+                                                 multiprocessing_context="fork")
+            module, batches = iterate(loader)
+    assert module.startswith("torchdata")
+    name = "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader"
+    texts = [text for text in _not_taken_over(caught) if name in text]
+    assert len(texts) == 1
+    assert f"does not take over {name}: it overrides DataLoader._get_iterator" in texts[0]
+    reference = torch.utils.data.DataLoader(TensorItems(6), batch_size=2)
+    assert_same_batches(list(reference), batches)
