@@ -19,12 +19,14 @@ from torch.utils.data import (
     BatchSampler,
     Dataset,
     IterableDataset,
+    IterDataPipe,
     RandomSampler,
     Sampler,
     SequentialSampler,
 )
 from torch.utils.data._utils import collate as torch_collate
 
+from mploader.iterator.datapipes import apply_shuffle, wrap_for_serialization
 from mploader.worker.hooks import WorkerHooks
 
 T_co = TypeVar("T_co", covariant=True)
@@ -123,7 +125,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         _check_snapshot_every_n_steps(snapshot_every_n_steps)
         _check_worker_threads(dataset, worker_threads)
 
-        self.dataset = dataset
+        self.dataset = wrap_for_serialization(dataset)  # a datapipe travels in torch's wrapper
         self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
@@ -143,7 +145,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             _check_trace_folder(self.trace)
 
         if isinstance(dataset, IterableDataset):
-            if shuffle not in {False, None}:
+            if isinstance(dataset, IterDataPipe):
+                if shuffle is not None:
+                    apply_shuffle(dataset, shuffle)
+            elif shuffle not in {False, None}:
                 raise ValueError(
                     "DataLoader with IterableDataset: expected unspecified shuffle option, "
                     f"but got shuffle={shuffle}"

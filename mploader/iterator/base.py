@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mploader.iterator.datapipes import SharedSeeds, distributed_settings
 from mploader.iterator.settings import LoaderSettings
 from mploader.worker.info import draw_base_seed
 
@@ -15,6 +16,10 @@ class BaseIterator:
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         self._loader_settings = settings
         self._dataset = settings.dataset
+        # A datapipe's shared seed is drawn first, as torch does (mploader.iterator.datapipes).
+        self._world_size, self._rank = distributed_settings()
+        self._shared_seeds = SharedSeeds(self._dataset)
+        self._shared_seed = self._shared_seeds.next_epoch(settings.generator)
         self._is_iterable = settings.is_iterable
         self._auto_collation = settings.auto_collation
         self._drop_last = settings.drop_last
@@ -47,6 +52,7 @@ class BaseIterator:
         resumed = self._resume_plan if first_iter else None
         self._num_yielded = resumed.batches_yielded if resumed is not None else 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._shared_seed = self._shared_seeds.next_epoch(loader.generator)
 
     def _next_index(self) -> Any:
         return next(self._sampler_iter)

@@ -34,6 +34,7 @@ from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
 from mploader.errors import PicklesWithoutInit, PoisonTaskError, ZygoteTimeoutError
 from mploader.iterator.base import BaseIterator, pin_batch
+from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
@@ -97,6 +98,9 @@ class MultiProcessIterator(BaseIterator):
     def _spec_template(self) -> WorkerSpec:
         """The spec every worker shares; the group fills in the worker id and the epoch."""
         settings = self._loader_settings
+        worker_init_fn = settings.worker_init_fn
+        if is_datapipe(self._dataset):
+            worker_init_fn = sharding_worker_init_fn(worker_init_fn, self._world_size, self._rank)
         return WorkerSpec(
             worker_id=-1,
             num_workers=self._num_workers,
@@ -107,7 +111,7 @@ class MultiProcessIterator(BaseIterator):
             uses_default_collate=settings.uses_default_collate,
             drop_last=self._drop_last,
             base_seed=self._base_seed,
-            worker_init_fn=settings.worker_init_fn,
+            worker_init_fn=worker_init_fn,
             hooks=settings.worker_hooks,
             shared_memory=settings.shared_memory,
             loader_tag=self._tag,
@@ -116,6 +120,7 @@ class MultiProcessIterator(BaseIterator):
             record_state=self._tracker is not None,
             worker_threads=settings.worker_threads,
             in_flight_per_worker=settings.prefetch_factor * settings.worker_threads,
+            shared_seed=self._shared_seed,
         )
 
     # -- what code that reaches in expects (Lightning, tests) ------------------------------------
@@ -135,7 +140,7 @@ class MultiProcessIterator(BaseIterator):
         if not first_iter:
             for entry in self._table.reset():
                 self._discard_entry(entry)
-            self._group.start_epoch()
+            self._group.start_epoch(self._shared_seed)
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         if first_iter and self._resume_plan is not None:
             self._resume_epoch(self._resume_plan)

@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 from mploader.iterator.base import BaseIterator, pin_batch
+from mploader.iterator.datapipes import shard_in_main_process
 from mploader.iterator.settings import LoaderSettings
 from mploader.worker.fetch import make_fetcher
 from mploader.worker.hooks import activate_hooks, deactivate_hooks
@@ -31,6 +32,7 @@ class SingleProcessIterator(BaseIterator):
             activate_hooks(settings.worker_hooks, info)
             self._hooks_active = True
             self._finalizer = weakref.finalize(self, _deactivate_hooks_in, os.getpid())
+        shard_in_main_process(self._dataset, self._world_size, self._rank)
         plan = self._resume_plan
         if plan is None:
             self._fetcher = make_fetcher(

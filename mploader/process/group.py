@@ -236,12 +236,13 @@ class WorkerGroup:
         handle.tasks_held += 1
         handle.state = WorkerState.BUSY
 
-    def start_epoch(self) -> int:
+    def start_epoch(self, shared_seed: int | None = None) -> int:
         """Move every worker on to the next epoch (``Resume``); returns the new epoch."""
         self.epoch += 1
+        self.template = dataclasses.replace(self.template, shared_seed=shared_seed)  # restarts
         for handle in self.handles:
             handle.exhausted = False
-            self.send(handle.worker_id, Resume(self.epoch))
+            self.send(handle.worker_id, Resume(self.epoch, shared_seed))
         return self.epoch
 
     def send(self, worker_id: int, message: Any) -> None:

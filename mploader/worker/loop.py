@@ -33,6 +33,7 @@ import torch
 from mploader.channel import WorkerEnd, open_worker_end
 from mploader.errors import RemoteError
 from mploader.monitor.events import TaskTimings
+from mploader.worker.datapipes import seed_datapipe
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
 from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
@@ -116,6 +117,7 @@ class WorkerLoop:
         keep_large_allocations_on_heap()
         torch.set_num_threads(1)
         seed = seed_worker(spec.base_seed, spec.worker_id)
+        seed_datapipe(spec.dataset, spec.shared_seed)
         info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.dataset)
         set_worker_info(info)
         try:
@@ -249,6 +251,7 @@ class WorkerLoop:
         elif isinstance(message, Resume):
             self.epoch = message.epoch
             self.exhausted = False
+            seed_datapipe(self.spec.dataset, message.shared_seed)
             if self.init_error is None:
                 self.start_epoch()
 

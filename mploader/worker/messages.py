@@ -7,6 +7,7 @@ Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO ord
                                     (``retired`` ones may be read by a fork child: drop, not reuse)
     Resume(epoch)                   a persistent worker starts epoch ``epoch``: restart the dataset
                                     iterator, forget tasks of earlier epochs, forget exhaustion
+                                    (and reseed an IterDataPipe from the epoch's shared seed)
     Stop()                          exit gracefully (EOF on the pipe means the same)
 
 The *result pipe* carries, worker -> main:
@@ -50,6 +51,7 @@ class Release:
 @dataclass(slots=True)
 class Resume:
     epoch: int
+    shared_seed: int | None = None  # an IterDataPipe's seed for this epoch
 
 
 @dataclass(slots=True)

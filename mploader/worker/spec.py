@@ -40,3 +40,5 @@ class WorkerSpec:
     # Forked by mploader's zygote: the parent process is the zygote, whose end is not the main
     # process's (the worker's watchdog then watches the main process only).
     parent_is_zygote: bool = False
+    # An IterDataPipe's shared seed for the worker's first epoch (mploader.worker.datapipes).
+    shared_seed: int | None = None
