@@ -13,6 +13,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,14 @@ TERMINATE_GRACE_SECONDS = 1.0
 URGENT_DEADLINE_SECONDS = 0.5
 # A worker's sentinel fires when it ends; its exit status is normally there within microseconds.
 REAP_SECONDS = 2.0
+# torch's warning when a spawn/forkserver worker cannot be started because its arguments (the
+# dataset, collate_fn, worker_init_fn) do not pickle; the pickling error follows it.
+_UNPICKLABLE_WORKER_ARGUMENTS = (
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork')."
+)
 
 
 
@@ -211,6 +220,9 @@ class WorkerGroup:
         try:
             with forking_a_worker():  # not a child that could read the consumer's batches
                 handle.process.start()
+        except (TypeError, AttributeError, pickle.PicklingError):
+            warnings.warn(_UNPICKLABLE_WORKER_ARGUMENTS, stacklevel=2)  # torch's, word for word
+            raise
         finally:  # the worker holds its own copies now (or never will)
             for end in worker_ends:
                 end.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -359,3 +360,57 @@ def test_timeout_without_workers_is_rejected_when_iterating() -> None:
     with pytest.raises(AssertionError) as caught:
         iter(loader)
     assert str(caught.value) == str(expected)
+
+
+# -- multiprocessing contexts and what cannot be pickled ------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_context_object_gives_torch_batches(start_method: str, channel: bool) -> None:
+    """``multiprocessing_context`` as a context object (not a name): kept as given, used."""
+    context = multiprocessing.get_context(start_method)
+    reference, loader = make_pair(
+        lambda: dict(dataset=DictItems(5), batch_size=2, shuffle=True,
+                     generator=torch.Generator().manual_seed(4), num_workers=1,
+                     multiprocessing_context=context), None, channel)
+    assert loader.multiprocessing_context is context is reference.multiprocessing_context
+    assert_same_batches(list(reference), list(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterator_does_not_pickle(num_workers: int) -> None:
+    """Both iterators refuse pickling with NotImplementedError, whose args name the iterator's
+    class (differs on purpose: mploader's classes have their own names)."""
+    errors = []
+    for cls in (torch.utils.data.DataLoader, mploader.DataLoader):
+        iterator = iter(cls(TensorItems(4), num_workers=num_workers))
+        with pytest.raises(NotImplementedError) as caught:
+            pickle.dumps(iterator)
+        errors.append(caught.value.args)
+        del iterator
+    (torch_format, torch_name), (format_, name) = errors
+    assert format_ == torch_format == "{} cannot be pickled"
+    assert torch_name.startswith("_")
+    assert name == ("SingleProcessIterator" if num_workers == 0 else "MultiProcessIterator")
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_unpicklable_worker_arguments_warn_then_raise(start_method: str, channel: bool) -> None:
+    """A collate function that does not pickle under spawn/forkserver: torch's warning (Python
+    3.14 makes forkserver the default), then the pickling error itself."""
+    outcomes = []
+    for cls, extra in ((torch.utils.data.DataLoader, {}),
+                       (mploader.DataLoader, {"shared_memory": channel})):
+        loader = cls(TensorItems(4), batch_size=2, num_workers=1,
+                     collate_fn=lambda batch: batch, multiprocessing_context=start_method,
+                     **extra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises((pickle.PicklingError, AttributeError)) as error:
+                iter(loader)
+        outcomes.append((messages(caught), (type(error.value), str(error.value))))
+    (torch_warnings, torch_error), (warnings_seen, error_text) = outcomes
+    assert error_text == torch_error
+    pickle_warnings = [m for m in warnings_seen if "pickle error" in m[1]]
+    assert pickle_warnings == [m for m in torch_warnings if "pickle error" in m[1]]
+    assert len(pickle_warnings) == 1
