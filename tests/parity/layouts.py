@@ -100,16 +100,29 @@ class PairsSampler(Sampler[list[int]]):
         return self.count
 
 
-def assert_same_tensor(expected: torch.Tensor, actual: torch.Tensor, path: str) -> None:
-    """torch's tensor ``expected`` and mploader's ``actual``: type, layout, dtype, grad, values."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != torch's {type(expected)}"
-    assert actual.layout == expected.layout, f"{path}: layout {actual.layout}"
-    assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype}"
-    assert actual.is_nested == expected.is_nested, f"{path}: is_nested"
-    assert actual.requires_grad == expected.requires_grad, f"{path}: requires_grad"
-    assert actual.is_leaf == expected.is_leaf, f"{path}: is_leaf"
-    assert getattr(actual, "tag", None) == getattr(expected, "tag", None), f"{path}: its state"
-    assert _values(actual) == _values(expected), f"{path}: values {actual} != torch's {expected}"
+def describe(tensor: torch.Tensor) -> dict[str, Any]:
+    """What the comparison looks at: type, layout, dtype, autograd flags, state and values.
+
+    Kept instead of torch's tensors between tests: those hold one open descriptor each (torch's
+    ``file_descriptor`` sharing), and a session of them would exhaust the process's files.
+    """
+    return {
+        "type": type(tensor),
+        "layout": tensor.layout,
+        "dtype": tensor.dtype,
+        "is_nested": tensor.is_nested,
+        "requires_grad": tensor.requires_grad,
+        "is_leaf": tensor.is_leaf,
+        "tag": getattr(tensor, "tag", None),
+        "values": _values(tensor),
+    }
+
+
+def assert_same_tensor(expected: dict[str, Any], actual: torch.Tensor, path: str) -> None:
+    """torch's tensor (as :func:`describe` saw it) and mploader's ``actual``, field by field."""
+    seen = describe(actual)
+    for field, value in expected.items():
+        assert seen[field] == value, f"{path}: {field} {seen[field]!r} != torch's {value!r}"
 
 
 def _values(tensor: torch.Tensor) -> Any:

@@ -49,8 +49,8 @@ def compare(options: Callable[[], dict[str, Any]], start_method: str | None, cha
     context = {} if start_method is None else {"multiprocessing_context": start_method}
     if key not in _torch_runs:
         reference, built_with = _build(torch.utils.data.DataLoader, {**options(), **context})
-        _torch_runs[key] = (built_with, type(reference.dataset),
-                            *_epochs(reference, epochs, global_seed))
+        batches, state = _epochs(reference, epochs, global_seed)
+        _torch_runs[key] = (built_with, type(reference.dataset), _owned(batches), state)
     expected_warnings, expected_type, expected, expected_state = _torch_runs[key]
     loader, actual_warnings = _build(mploader.DataLoader, {**options(), **context},
                                      shared_memory=channel)
@@ -61,6 +61,19 @@ def compare(options: Callable[[], dict[str, Any]], start_method: str | None, cha
         assert_same_batches(e, a, f"epoch {epoch}")
     assert torch.equal(actual_state, expected_state), "drew from the generator differently"
     return actual
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every tensor copied out of torch's shared memory: a kept tensor from torch's
+    workers holds an open descriptor (``file_descriptor`` sharing), and a session of them would
+    exhaust the process's files."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, list):
+        return [_owned(item) for item in value]
+    if isinstance(value, tuple):
+        return type(value)(_owned(item) for item in value)
+    return value
 
 
 def _items(epoch: list[Any]) -> list[int]:

@@ -18,7 +18,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 import mploader
 
-from .layouts import KINDS, NONLEAF, EveryKind, PairsSampler, assert_same_tensor, make
+from .layouts import KINDS, NONLEAF, EveryKind, PairsSampler, assert_same_tensor, describe, make
 from .test_parity_errors import outcomes
 
 pytestmark = [
@@ -28,6 +28,17 @@ pytestmark = [
 ]
 
 _torch_outcomes: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+
+
+def _described(outcome: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """torch's outcomes with tensors replaced by their descriptions (see ``describe``)."""
+    result: list[tuple[str, Any]] = []
+    for kind, value in outcome:
+        if kind == "batch":
+            value = ({name: describe(tensor) for name, tensor in value.items()}
+                     if isinstance(value, dict) else describe(value))
+        result.append((kind, value))
+    return result
 
 
 def _workers(start_method: str) -> int:
@@ -40,8 +51,8 @@ def _compare(mode: str, start_method: str, channel: bool, options: dict[str, Any
     """Run torch's loader once per (mode, start method) and mploader's for this channel."""
     key = (mode, start_method)
     if key not in _torch_outcomes:
-        _torch_outcomes[key] = outcomes(torch.utils.data.DataLoader(
-            **options(), multiprocessing_context=start_method))
+        _torch_outcomes[key] = _described(outcomes(torch.utils.data.DataLoader(
+            **options(), multiprocessing_context=start_method)))
     expected = _torch_outcomes[key]
     actual = outcomes(mploader.DataLoader(**options(), multiprocessing_context=start_method,
                                           shared_memory=channel))
@@ -50,7 +61,7 @@ def _compare(mode: str, start_method: str, channel: bool, options: dict[str, Any
         if kind == "error":  # torch's text is "Caught E in DataLoader worker ... E: message"
             assert type(got) is type(want), f"step {step}: {got!r} != torch's {want!r}"
             assert str(want).rstrip().endswith(f"{type(got).__name__}: {got}"), (got, want)
-        elif isinstance(want, dict):
+        elif isinstance(got, dict):  # a mixed sample: name -> tensor
             assert list(got) == list(want)
             for name in want:
                 assert_same_tensor(want[name], got[name], f"step {step}[{name!r}]")
