@@ -22,8 +22,10 @@ same).
 from __future__ import annotations
 
 import copyreg
+import io
 import pickle
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -79,8 +81,26 @@ def tensor_reducers(reduce: Callable[[torch.Tensor], tuple[Any, ...]]) -> dict[t
     return dict.fromkeys(_tensor_types(), reduce)
 
 
+# Built once per process (a copy per batch cost microseconds on small batches); torch registers
+# its reductions when it is imported, before either is built.
+_tables: dict[str, dict[type, Any]] = {}
+
+
 def by_value_dispatch_table() -> dict[type, Any]:
     """copyreg's table plus :func:`reduce_by_value` for tensors: the plain channel's."""
-    table: dict[type, Any] = dict(copyreg.dispatch_table)
-    table.update(tensor_reducers(reduce_by_value))
+    table = _tables.get("by_value")
+    if table is None:
+        table = _tables["by_value"] = {**copyreg.dispatch_table,
+                                       **tensor_reducers(reduce_by_value)}
+    return table
+
+
+def torch_worker_dispatch_table() -> dict[type, Any]:
+    """``ForkingPickler``'s table (copyreg's, multiprocessing's and torch's reductions), tensors
+    through :func:`reduce_as_torch_workers_do`: what torch's worker result queue pickles with."""
+    table = _tables.get("torch_worker")
+    if table is None:
+        table = dict(ForkingPickler(io.BytesIO()).dispatch_table)  # the merge it makes per use
+        table.update(tensor_reducers(reduce_as_torch_workers_do))
+        _tables["torch_worker"] = table
     return table

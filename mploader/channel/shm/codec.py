@@ -30,14 +30,13 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
 
 from mploader.channel.collate import PendingStack
-from mploader.channel.tensors import is_plain, reduce_as_torch_workers_do, tensor_reducers
+from mploader.channel.tensors import is_plain, torch_worker_dispatch_table
 
 FORMAT_VERSION = 1
 
@@ -162,14 +161,11 @@ def _product(shape: tuple[int, ...]) -> int:
     return count
 
 
-_TORCH_WORKER_REDUCERS = tensor_reducers(reduce_as_torch_workers_do)
-
-
-class LeafEncoder(ForkingPickler):
+class LeafEncoder(pickle.Pickler):
     """Pickles one batch, placing array leaves inline or at offsets of a (not yet chosen) block.
 
-    A ``ForkingPickler`` with torch's reductions for everything that is not a leaf, as torch's
-    worker result queue pickles a batch.
+    Everything that is not a leaf is pickled with ``ForkingPickler``'s table and torch's
+    reductions, as torch's worker result queue pickles a batch.
 
     After :meth:`encode`, ``block_bytes`` says how large a block the batch needs (0: none); the
     channel acquires one and calls :meth:`fill` to copy (or stack) the leaves into it.
@@ -177,8 +173,8 @@ class LeafEncoder(ForkingPickler):
 
     def __init__(self, inline_threshold: int) -> None:
         self._buffer = io.BytesIO()
-        super().__init__(self._buffer, 5)  # ForkingPickler takes positional arguments only
-        self.dispatch_table.update(_TORCH_WORKER_REDUCERS)
+        super().__init__(self._buffer, protocol=5)
+        self.dispatch_table = torch_worker_dispatch_table()
         self._inline_threshold = inline_threshold
         # id(object) -> (leaf number, object); holding the object keeps its id from being reused
         # by a temporary (a small stack) while this batch is being pickled.
