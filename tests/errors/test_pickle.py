@@ -24,7 +24,14 @@ from mploader.channel.shm.errors import (
     SharedMemoryError,
     SharedMemoryFullError,
 )
-from mploader.errors import PoisonTaskError, RemoteTraceback, WorkerDiedError, WorkerError
+from mploader.errors import (
+    PoisonTaskError,
+    RemoteTraceback,
+    WorkerDiedError,
+    WorkerError,
+    ZygoteError,
+    ZygoteTimeoutError,
+)
 from mploader.integrations.nebula.errors import (
     NebulaAuthError,
     NebulaConnectionError,
@@ -99,6 +106,15 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
         "mploader.worker.loop._StopRequested"
     )(),
     "mploader.worker.loop._Abandon": lambda: _private("mploader.worker.loop._Abandon")(),
+    "mploader.errors.ZygoteError": lambda: ZygoteError(
+        "mploader's spawn zygote (pid 77) died; MPLOADER_ZYGOTE=0 starts workers directly"
+    ),
+    "mploader.errors.ZygoteTimeoutError": lambda: ZygoteTimeoutError(
+        "mploader's spawn zygote (pid 77) did not answer within 30 s"
+    ),
+    "mploader.process.zygote._Gone": lambda: _private("mploader.process.zygote._Gone")(
+        "the zygote ended"
+    ),
 }
 
 
