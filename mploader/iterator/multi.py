@@ -116,7 +116,8 @@ class MultiProcessIterator(BaseIterator):
             shared_memory=settings.shared_memory,
             loader_tag=self._tag,
             parent_pid=os.getpid(),
-            epoch=0,
+            # a resumed persistent iterator goes on counting epochs where the old one was
+            epoch=self._resume_plan.iterator_epoch if self._resume_plan is not None else 0,
             record_state=self._tracker is not None,
             worker_threads=settings.worker_threads,
             in_flight_per_worker=settings.prefetch_factor * settings.worker_threads,

@@ -82,6 +82,7 @@ class ResumePlan:
     sampler_state: Any = None
     next_worker: int = 0
     workers: list[tuple[WorkerSnapshot | None, bool]] = field(default_factory=list)
+    iterator_epoch: int = 0  # the epoch's number within its iterator (tasks carry it)
 
     def restores(self) -> list[WorkerRestore | None]:
         """Each worker's starting state: its generators and, within the epoch, its position."""
@@ -103,6 +104,7 @@ class ResumePlan:
                 base_seed=position["base_seed"] if persistent else None,
                 # persistent workers carry their generators over epochs; new ones start afresh
                 workers=[(snapshot, False) for snapshot, _ in workers] if persistent else [],
+                iterator_epoch=position.get("iterator_epoch", 0) + 1 if persistent else 0,
             )
         return ResumePlan(
             epoch=position["epoch"],
@@ -116,6 +118,7 @@ class ResumePlan:
             sampler_state=position["sampler_state"],
             next_worker=position["next_worker"],
             workers=workers,
+            iterator_epoch=position.get("iterator_epoch", 0),
         )
 
 
@@ -137,6 +140,7 @@ class ResumeTracker:
         # The position, as of the last batch the consumer received.
         self.started = False
         self.epoch = -1
+        self.iterator_epoch = 0  # epochs since the iterator's workers started (persistent)
         self.finished = False
         self.base_seed = 0
         self.base_seed_drawn = True
@@ -178,6 +182,7 @@ class ResumeTracker:
         assert self.epoch_start is not None
         state["position"] = {
             "epoch": self.epoch,
+            "iterator_epoch": self.iterator_epoch,
             "finished": self.finished,
             "batches_yielded": self.batches_yielded,
             "base_seed": self.base_seed,
@@ -247,6 +252,10 @@ class ResumeTracker:
         self._window_start = None
         self.started = True
         self.epoch = plan.epoch if plan is not None else self.epoch + 1
+        if new_workers:
+            self.iterator_epoch = plan.iterator_epoch if plan is not None else 0
+        else:
+            self.iterator_epoch += 1
         self.finished = False
         self.generators_at_end = None
         self.batches_yielded = plan.batches_yielded if plan is not None else 0

@@ -63,6 +63,18 @@ class Augmented(Dataset):
         return torch.tensor([index, *draws()])
 
 
+class PerItem(Dataset):
+    """Map-style: item ``i`` is ``[i, a draw from mploader.item_generator()]`` (seeded from the
+    worker seed, the iterator's epoch, the task and the position)."""
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        draw = torch.randint(0, 10**6, (), generator=mploader.item_generator())
+        return torch.tensor([index, int(draw)])
+
+
 class Stream(IterableDataset):
     """Iterable without state: each worker yields its shard ``w, w + n, ...`` with draws."""
 

@@ -28,6 +28,7 @@ from .scenarios import (
     LENGTH,
     Augmented,
     FixedOrder,
+    PerItem,
     ResumableOrder,
     Split,
     StatefulStream,
@@ -159,6 +160,15 @@ def test_persistent_workers(split: Split) -> None:
         return shuffled(persistent_workers=True)
 
     assert resumed(make, split, 3) == uninterrupted(make, 3)
+
+
+def test_persistent_workers_item_generator_draws_in_a_later_epoch() -> None:
+    """``item_generator()`` is seeded with the iterator's epoch number: a resumed persistent
+    loader goes on counting where the old iterator was, so its draws in epoch 1 are exact."""
+    def make() -> mploader.DataLoader:
+        return shuffled(persistent_workers=True, dataset=PerItem())
+
+    assert resumed(make, Split(1, 3), 3) == uninterrupted(make, 3)
 
 
 def test_persistent_iterable_workers_over_two_epochs() -> None:
