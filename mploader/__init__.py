@@ -11,12 +11,15 @@ from mploader._install import install, is_installed, uninstall
 from mploader.config import SharedMemoryConfig
 from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError, ZygoteError
 from mploader.loader import DataLoader
+from mploader.monitor.events import WorkerState
+from mploader.monitor.stats import LoaderStats, WorkerStats
 from mploader.worker.hooks import ProcessLocal, WorkerHooks, worker_session
 from mploader.worker.info import WorkerInfo, get_worker_info
 from mploader.worker.item_random import item_generator
 
 __all__ = [
     "DataLoader",
+    "LoaderStats",
     "ProcessLocal",
     "RemoteTraceback",
     "SharedMemoryConfig",
@@ -24,6 +27,8 @@ __all__ = [
     "WorkerError",
     "WorkerHooks",
     "WorkerInfo",
+    "WorkerState",
+    "WorkerStats",
     "ZygoteError",
     "get_worker_info",
     "install",

@@ -27,6 +27,7 @@ from torch.utils.data import (
 from torch.utils.data._utils import collate as torch_collate
 
 from mploader.iterator.datapipes import apply_shuffle, wrap_for_serialization
+from mploader.monitor.stats import LatestStats, LoaderStats
 from mploader.worker.hooks import WorkerHooks
 
 T_co = TypeVar("T_co", covariant=True)
@@ -212,6 +213,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._DataLoader__initialized = True
         self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
         self._iterator: Any = None
+        self._latest_stats = LatestStats()  # what stats() answers from
         self.resume_tracker = _make_resume_tracker(self) if snapshot_every_n_steps else None
         self.check_worker_number_rationality()
         _warm_up_zygote(num_workers, self.multiprocessing_context)
@@ -291,6 +293,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 iterator._reset(self)
             return self._iterator
         return self._get_iterator()
+
+    def stats(self) -> LoaderStats:
+        """A frozen snapshot of the live iterator (or of the last one, once its epoch ended):
+        its workers, what each is doing and for how long, memory, where the time goes.
+        ``print()`` it for a table; its fields are ``mploader.LoaderStats``.  Safe to call
+        from any thread, any ``num_workers``; a ``RuntimeError`` before the first ``iter()``."""
+        return self._latest_stats.current()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: after the last batch the consumer received.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import threading
 import time
 import weakref
 from concurrent import futures
@@ -38,9 +39,9 @@ from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
-from mploader.monitor.events import WorkerEvent
-from mploader.monitor.monitor import IteratorMonitor
-from mploader.monitor.stats import LoaderStats
+from mploader.monitor.events import WorkerEvent, WorkerState
+from mploader.monitor.monitor import IteratorMonitor, WorkerView
+from mploader.monitor.stats import LatestStats, LoaderStats
 from mploader.process.death import worker_died_error
 from mploader.process.group import Event, WorkerGroup
 from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
@@ -76,14 +77,22 @@ class MultiProcessIterator(BaseIterator):
         self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
                                   self._timeout)
         self._monitor = IteratorMonitor(self._num_workers, settings.trace)
+        # Held while the task table and the monitor change (never across the wait for events),
+        # so that stats() can be called from another thread at any time (mploader top, a
+        # Lightning callback).  Events that stats() read but may not handle wait here.
+        self._lock = threading.RLock()
+        self._deferred: list[Event] = []
         self._channel = open_main_end(
             settings.shared_memory, self._tag, self._group.queue_release
         )
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
+        # The loader's count of iterators: epochs before this iterator's first
+        self._followed_as = (settings.latest_stats.follow(self)
+                             if settings.latest_stats is not None else 1)
         self._finalizer = weakref.finalize(
             self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
-            self._monitor,
+            self._monitor, settings.latest_stats, self._followed_as,
         )
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
         try:
@@ -208,10 +217,13 @@ class MultiProcessIterator(BaseIterator):
         try:
             batch = self._next_batch()
         except StopIteration:
+            self._monitor.next_ended()
             raise
         except _TaskError as failed:  # the dataset's error: this batch fails, the epoch goes on
+            self._monitor.next_returned()
             raise failed.error from failed.error.__cause__
         except BaseException as error:  # timeout, dead worker, KeyboardInterrupt, a bug: stop
+            self._monitor.next_ended()
             self._urgency[0] = True
             self._shutdown_workers()
             self._raise_as_torch_timeout(error)
@@ -228,20 +240,27 @@ class MultiProcessIterator(BaseIterator):
     def _next_batch(self) -> Any:
         deadline = self._new_deadline()
         while True:
-            if self._group.closed:  # shut down from another thread (interpreter exit, GC)
-                raise StopIteration
-            entry = self._table.pop_ready()
-            if entry is not None:
-                return self._deliver(entry)
-            if self._table.pending_count() == 0:
-                self._end_epoch()
+            with self._lock:
+                if self._deferred:  # read by stats() in another thread
+                    deadline = self._new_deadline()
+                    events, self._deferred = self._deferred, []
+                    for event in events:
+                        self._handle(event)
+                if self._group.closed:  # shut down from another thread (interpreter exit, GC)
+                    raise StopIteration
+                entry = self._table.pop_ready()
+                if entry is not None:
+                    return self._deliver(entry)
+                if self._table.pending_count() == 0:
+                    self._end_epoch()
             events = self._group.wait(self._remaining(deadline))
             if not events and deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
             if events:
                 deadline = self._new_deadline()
-            for event in events:
-                self._handle(event)
+                with self._lock:
+                    for event in events:
+                        self._handle(event)
             self._monitor.maybe_sample_memory()
 
     def _new_deadline(self) -> float | None:
@@ -266,6 +285,7 @@ class MultiProcessIterator(BaseIterator):
             return
         message = event.message
         if isinstance(message, WorkerReady):
+            self._monitor.worker_ready(message.worker_id, message.at)
             self._monitor.worker_event(WorkerEvent.READY, message.worker_id, message.pid,
                                        init_failed=message.init_failed)
         elif isinstance(message, TaskDone):
@@ -349,18 +369,47 @@ class MultiProcessIterator(BaseIterator):
                                                   entry.indices))
 
     def stats(self) -> LoaderStats:
-        """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``)."""
-        states, current = [], []
-        for handle in self._group.handles:
-            states.append(handle.state)
-            pending = self._table.pending_of(handle.worker_id)
-            current.append(
-                (pending[0].task_id,
-                 self._monitor.task_started_at(pending[0].task_id, handle.worker_id))
-                if pending else None
-            )
-        return self._monitor.snapshot(states, current, self._table.in_flight,
-                                      self._channel.statistics())
+        """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``).
+
+        Safe from any thread.  While the consumer is away (a training step), results the workers
+        sent sit unread in their pipes: they are read first, so that a finished batch counts as
+        finished and a worker's state is its own.
+        """
+        with self._lock:
+            self._read_what_arrived()
+            views = [self._view_of(handle.worker_id, handle.state)
+                     for handle in self._group.handles]
+            return self._monitor.snapshot(views, self._table.in_flight,
+                                          self._channel.statistics(),
+                                          self._followed_as - 1 + self._group.epoch,
+                                          self._worker_threads)
+
+    def _read_what_arrived(self) -> None:
+        """Read the workers' messages unless the loop is waiting for them right now (then it
+        reads them itself).  Results and ready messages are handled here; anything else (a
+        worker's end) and whatever follows it waits for the loop, which raises or restarts."""
+        if not self._group.try_hold_wait():
+            return
+        try:
+            events = self._group.wait(0)
+        finally:
+            self._group.release_wait()
+        for event in events:
+            if self._deferred or event.ended or not isinstance(event.message,
+                                                                TaskDone | WorkerReady):
+                self._deferred.append(event)
+            else:
+                self._handle(event)
+
+    def _view_of(self, worker_id: int, state: WorkerState) -> WorkerView:
+        waiting = len(self._table.arrived_of(worker_id))
+        if state not in (WorkerState.IDLE, WorkerState.BUSY):  # starting, exhausted, ended
+            return WorkerView(state, results_waiting=waiting)
+        pending = self._table.pending_of(worker_id)
+        if pending:
+            return WorkerView(WorkerState.BUSY, pending[0].task_id, waiting)
+        return WorkerView(WorkerState.RESULT_WAITING if waiting else WorkerState.IDLE,
+                          results_waiting=waiting)
 
     def _deliver(self, entry: TaskEntry) -> Any:
         arrived: _Arrived = entry.result
@@ -418,6 +467,8 @@ def _shut_down(
     pinning: ThreadPoolExecutor | None,
     urgency: list[bool],
     monitor: IteratorMonitor,
+    latest: LatestStats | None,
+    followed_as: int,
 ) -> None:
     if os.getpid() != group.owner_pid:
         return  # a forked child collecting its copy of the iterator: the workers are not its own
@@ -429,6 +480,11 @@ def _shut_down(
     try:
         group.shutdown(discard, urgent=urgency[0])
     finally:
+        if latest is not None:  # what DataLoader.stats() answers once this iterator is gone
+            latest.record_final(followed_as, monitor.snapshot(
+                [WorkerView(handle.state) for handle in group.handles], 0,
+                channel.statistics(), followed_as - 1 + group.epoch,
+                group.template.worker_threads))
         for handle in group.handles:
             channel.forget_worker(handle.worker_id, handle.pid)
         channel.close()

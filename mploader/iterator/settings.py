@@ -39,6 +39,7 @@ class LoaderSettings:
     trace: str | None
     resume: Any = None  # the loader's ResumeTracker; None: no state tracking (or a torch loader)
     worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
+    latest_stats: Any = None  # the loader's LatestStats (DataLoader.stats()); None: a torch loader
 
     @property
     def uses_default_collate(self) -> bool:
@@ -71,4 +72,5 @@ def settings_of(loader: Any) -> LoaderSettings:
         trace=getattr(loader, "trace", None),
         resume=getattr(loader, "resume_tracker", None),
         worker_threads=getattr(loader, "worker_threads", 1),
+        latest_stats=getattr(loader, "_latest_stats", None),
     )

@@ -14,6 +14,8 @@ from typing import Any
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
 from mploader.iterator.settings import LoaderSettings
+from mploader.monitor.monitor import IteratorMonitor
+from mploader.monitor.stats import LatestStats, LoaderStats
 from mploader.worker.fetch import make_fetcher
 from mploader.worker.hooks import activate_hooks, deactivate_hooks
 from mploader.worker.info import make_worker_info
@@ -46,8 +48,31 @@ class SingleProcessIterator(BaseIterator):
                                              self._auto_collation, self._drop_last)
         if self._tracker is not None:
             self._tracker.follow_fetcher(self._fetcher)
+        self._monitor = IteratorMonitor(0, None)
+        latest = settings.latest_stats
+        self._followed_as = latest.follow(self) if latest is not None else 1
+        if latest is not None:
+            weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
+
+    def stats(self) -> LoaderStats:
+        """The loader's snapshot: no workers; waiting for data is loading in this process."""
+        return self._monitor.snapshot([], 0, None, self._followed_as - 1, 1)
 
     def _next_data(self) -> Any:
+        self._monitor.next_called()
+        try:
+            data = self._load_next()
+        except StopIteration:
+            self._monitor.next_ended()
+            raise
+        except BaseException:  # the dataset's error: the epoch goes on after it, as in torch
+            self._monitor.next_returned()
+            raise
+        self._monitor.next_returned()
+        self._monitor.delivered(self._num_yielded, 0)
+        return data
+
+    def _load_next(self) -> Any:
         # In one process each batch is delivered before the next is drawn: its task number is
         # the tracker's first undelivered one.
         tracker = self._tracker
@@ -80,6 +105,10 @@ class SingleProcessIterator(BaseIterator):
         if self._hooks_active:
             self._hooks_active = False
             self._finalizer()
+
+
+def _record_final(monitor: IteratorMonitor, latest: LatestStats, number: int) -> None:
+    latest.record_final(number, monitor.snapshot([], 0, None, number - 1, 1))
 
 
 def _deactivate_hooks_in(pid: int) -> None:

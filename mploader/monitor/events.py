@@ -11,9 +11,14 @@ from enum import StrEnum
 
 
 class WorkerState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"  # started, no task of ours in hand
-    BUSY = "busy"  # holds at least one task
+    """What a worker is doing, as the worker itself reported it (``stats()`` reads the result
+    pipes before it answers, so a batch the worker finished counts as finished)."""
+
+    STARTING = "starting"  # started, its ``worker_init_fn`` and hooks not yet done
+    IDLE = "idle"  # no task of ours in hand, no result of its waiting for the consumer
+    READY = "idle"  # the name of IDLE before stats() told finished results apart
+    BUSY = "busy"  # working on a task (fetching, collating, encoding)
+    RESULT_WAITING = "result waiting"  # its tasks are done; their batches wait for the consumer
     EXHAUSTED = "exhausted"  # its iterable dataset ran out this epoch
     STOPPING = "stopping"
     EXITED = "exited"

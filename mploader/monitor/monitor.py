@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +32,20 @@ GROWTH_BYTES = 64 << 20
 BASELINE_TASKS = 4
 
 
+# How many of a worker's latest finished tasks are remembered to tell when it took its current one.
+FINISHES_KEPT = 64
+
+
 @dataclass
 class WorkerCounters:
     pid: int | None
     started_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None  # its WorkerReady arrived: it takes tasks from then on
+    # (dispatch number, when the worker finished it) of its latest finished tasks
+    finishes: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=FINISHES_KEPT))
     tasks_done: int = 0
     busy_seconds: float = 0.0
-    last_result_at: float | None = None
     last_memory: tuple[int | None, int | None, float] | None = None  # rss, uss, when
     uss_baseline: int | None = None
     uss_samples: list[int] = field(default_factory=list)
@@ -46,6 +54,7 @@ class WorkerCounters:
 
 class IteratorMonitor:
     def __init__(self, num_workers: int, trace_path: str | None) -> None:
+        self.created_at = time.monotonic()
         self.workers = [WorkerCounters(None) for _ in range(num_workers)]
         self.tracer = Tracer(trace_path) if trace_path else None
         self.batches_delivered = 0
@@ -54,7 +63,9 @@ class IteratorMonitor:
         self.restarts = 0
         self._next_called_at: float | None = None
         self._last_returned_at: float | None = None
-        self._dispatched_at: dict[int, float] = {}
+        # task id -> (dispatch number, when): which of a worker's tasks came first, and when
+        self._dispatched: dict[int, tuple[int, float]] = {}
+        self._dispatch_numbers = itertools.count()
         self._arrived_at: dict[int, float] = {}
         self._last_sample_at = time.monotonic()
 
@@ -83,9 +94,16 @@ class IteratorMonitor:
                 self.tracer.span("wait for data", self.tracer.main_pid, self._next_called_at, now)
         self._last_returned_at = now
 
+    def next_ended(self) -> None:
+        """``__next__`` raised (the epoch's end, an error): the wait ends, and the time until
+        the next ``__next__`` is nobody's."""
+        if self._next_called_at is not None:
+            self.wait_seconds += time.monotonic() - self._next_called_at
+        self._next_called_at = self._last_returned_at = None
+
     def dispatched(self, task_id: int, started: float, epoch: int) -> None:
         now = time.monotonic()
-        self._dispatched_at[task_id] = now
+        self._dispatched[task_id] = (next(self._dispatch_numbers), now)
         if self.tracer:
             self.tracer.span("dispatch", self.tracer.main_pid, started, now, task=task_id,
                              epoch=epoch)
@@ -95,8 +113,9 @@ class IteratorMonitor:
         now = time.monotonic()
         counters = self.workers[worker_id]
         counters.tasks_done += 1
-        counters.last_result_at = now
         self._arrived_at[task_id] = now
+        number = self._dispatched.get(task_id, (-1, now))[0]
+        counters.finishes.append((number, timings.encoded if timings is not None else now))
         if timings is None:  # the task failed before it was fetched
             return
         counters.busy_seconds += timings.encoded - timings.started
@@ -112,7 +131,7 @@ class IteratorMonitor:
     def delivered(self, task_id: int, epoch: int) -> None:
         now = time.monotonic()
         self.batches_delivered += 1
-        self._dispatched_at.pop(task_id, None)
+        self._dispatched.pop(task_id, None)
         arrived = self._arrived_at.pop(task_id, None)
         if self.tracer and arrived is not None:
             self.tracer.span("reorder wait", self.tracer.main_pid, arrived, now, task=task_id,
@@ -127,13 +146,17 @@ class IteratorMonitor:
             self.tracer.name_worker(pid, worker_id)
             self.tracer.instant(name, pid, at or time.monotonic(), worker=worker_id, **details)
 
+    def worker_ready(self, worker_id: int, at: float) -> None:
+        """The worker said it is ready (at ``at``, its own clock): it takes tasks from then."""
+        self.workers[worker_id].ready_at = at
+
     def worker_replaced(self, worker_id: int, pid: int | None) -> None:
         self.restarts += 1
         self.workers[worker_id] = WorkerCounters(pid)
         self.worker_event(WorkerEvent.RESTART, worker_id, pid)
 
     def epoch_ended(self, write_trace: bool) -> None:
-        self._dispatched_at.clear()
+        self._dispatched.clear()
         self._arrived_at.clear()
         if self.tracer and write_trace:
             self.tracer.flush()
@@ -191,40 +214,74 @@ class IteratorMonitor:
 
     # -- the snapshot ----------------------------------------------------------------------------
 
-    def snapshot(self, states: list[WorkerState], current: list[tuple[int, float] | None],
-                 tasks_in_flight: int, channel: Any) -> LoaderStats:
+    def snapshot(self, workers: list[WorkerView], tasks_in_flight: int, channel: Any,
+                 epoch: int, worker_threads: int) -> LoaderStats:
         now = time.monotonic()
-        workers = []
-        for worker_id, counters in enumerate(self.workers):
+        snapshots = []
+        for worker_id, (counters, view) in enumerate(zip(self.workers, workers, strict=True)):
             rss, uss, cpu, _ = process_memory(counters.pid)
             if uss is not None:
                 counters.last_memory = (rss, uss, now)
+            elif counters.last_memory is not None:  # gone: its last sample
+                rss, uss = counters.last_memory[:2]
             wall = now - counters.started_at
-            task = current[worker_id]
-            workers.append(WorkerStats(
+            started = (self._task_started_at(view.current_task, worker_id, worker_threads)
+                       if view.current_task is not None else now)
+            snapshots.append(WorkerStats(
                 worker_id=worker_id,
                 pid=counters.pid,
-                state=states[worker_id],
+                state=view.state,
                 tasks_done=counters.tasks_done,
-                current_task=task[0] if task else None,
-                current_task_seconds=now - task[1] if task else 0.0,
+                current_task=view.current_task,
+                current_task_seconds=max(0.0, now - started),
                 busy_seconds=counters.busy_seconds,
                 rss_bytes=rss,
                 uss_bytes=uss,
                 cpu_share=cpu / wall if cpu is not None and wall > 0 else None,
+                results_waiting=view.results_waiting,
+                alive_seconds=wall,
             ))
+        wait, consumer = self.wait_seconds, self.consumer_seconds
+        called, returned = self._next_called_at, self._last_returned_at
+        if called is not None and (returned is None or called > returned):  # inside __next__
+            wait += now - called
+        elif returned is not None:  # the consumer has the last batch
+            consumer += now - returned
         return LoaderStats(
-            workers=tuple(workers),
+            workers=tuple(snapshots),
             tasks_in_flight=tasks_in_flight,
             batches_delivered=self.batches_delivered,
-            wait_seconds=self.wait_seconds,
-            consumer_seconds=self.consumer_seconds,
+            wait_seconds=wait,
+            consumer_seconds=consumer,
             restarts=self.restarts,
             channel=channel,
+            epoch=epoch,
+            elapsed_seconds=now - self.created_at,
+            worker_threads=worker_threads,
         )
 
-    def task_started_at(self, task_id: int, worker_id: int) -> float:
-        """When ``worker_id`` began its oldest pending task (``task_id``)."""
-        dispatched = self._dispatched_at.get(task_id, time.monotonic())
-        last = self.workers[worker_id].last_result_at
-        return max(dispatched, last) if last is not None else dispatched
+    def _task_started_at(self, task_id: int, worker_id: int, threads: int) -> float:
+        """When ``worker_id`` took ``task_id``, the oldest of its tasks not yet finished.
+
+        A worker takes its tasks in the order they were sent, up to ``threads`` at a time, so it
+        took this one when it was sent, when the worker became ready, or when the ``threads``-th
+        latest of its earlier tasks finished (the worker's own clock), whichever came last.
+        """
+        counters = self.workers[worker_id]
+        number, dispatched = self._dispatched.get(task_id, (None, time.monotonic()))
+        taken = max(dispatched, counters.ready_at or dispatched)
+        if number is not None:
+            earlier = sorted((at for n, at in counters.finishes if n < number), reverse=True)
+            if len(earlier) >= threads:
+                taken = max(taken, earlier[threads - 1])
+        return taken
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What the iterator knows of a worker for a snapshot: its state, the oldest of its tasks
+    that is not finished, how many of its finished batches wait for the consumer."""
+
+    state: WorkerState
+    current_task: int | None = None
+    results_waiting: int = 0

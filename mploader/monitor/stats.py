@@ -1,11 +1,19 @@
-"""Frozen snapshots of what an iterator and its workers are doing (``iterator.stats()``)."""
+"""Frozen snapshots of what an iterator and its workers are doing (``loader.stats()``).
+
+``str()`` of a snapshot is a table a person reads (one line per worker, the loader's line, the
+verdict); ``repr()`` keeps every field.
+"""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mploader.monitor.events import WorkerState
+
+MB = 2**20
 
 
 @dataclass(frozen=True)
@@ -15,11 +23,18 @@ class WorkerStats:
     state: WorkerState
     tasks_done: int
     current_task: int | None  # the task the worker is working on now, if any
-    current_task_seconds: float  # how long it has been on it
+    current_task_seconds: float  # how long it has been on it (since the worker took it)
     busy_seconds: float  # time spent fetching and collating, as the worker measured it
     rss_bytes: int | None
     uss_bytes: int | None
     cpu_share: float | None  # CPU seconds / wall seconds since the worker started
+    results_waiting: int = 0  # its finished batches that wait for the consumer
+    alive_seconds: float = 0.0  # since the worker started
+
+    @property
+    def busy_share(self) -> float | None:
+        """Fetching and collating, over the worker's life so far."""
+        return self.busy_seconds / self.alive_seconds if self.alive_seconds > 0 else None
 
 
 @dataclass(frozen=True)
@@ -31,11 +46,23 @@ class LoaderStats:
     consumer_seconds: float  # between __next__ calls: the training step, as seen from here
     restarts: int
     channel: Any  # the shared-memory channel's statistics, or None with plain pickling
+    epoch: int = 0  # the iterator's epoch (a persistent iterator counts on)
+    elapsed_seconds: float = 0.0  # since the iterator was made
+    worker_threads: int = 1
 
     @property
     def bottleneck(self) -> str:
         """``"loader"`` when the consumer mostly waits for data, ``"consumer"`` otherwise."""
         return verdict(self.wait_seconds, self.consumer_seconds)
+
+    @property
+    def wait_share(self) -> float | None:
+        """The share of the consumer's time spent waiting for data."""
+        total = self.wait_seconds + self.consumer_seconds
+        return self.wait_seconds / total if total > 0 else None
+
+    def __str__(self) -> str:
+        return "\n".join(_readable_lines(self))
 
 
 def verdict(wait_seconds: float, consumer_seconds: float) -> str:
@@ -46,6 +73,72 @@ def verdict(wait_seconds: float, consumer_seconds: float) -> str:
     if share > 0.2:
         return f"loader ({share:.0%} of the time the consumer waited for data)"
     return f"consumer ({1 - share:.0%} of the time was spent between batches)"
+
+
+def format_seconds(seconds: float) -> str:
+    """``350 ms``, ``1.05 s``, ``42.3 s``, ``12 min``: a duration as a person reads it."""
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 10.0:
+        return f"{seconds:.2f} s"
+    if seconds < 120.0:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} min"
+
+
+def format_megabytes(size: int | None) -> str:
+    return "?" if size is None else f"{size / MB:.0f}"
+
+
+def _readable_lines(stats: LoaderStats) -> list[str]:
+    workers = len(stats.workers)
+    shape = (f"{workers} workers" + (f" x {stats.worker_threads} threads"
+                                     if stats.worker_threads > 1 else "")
+             if workers else "no workers")
+    lines = [f"loader, epoch {stats.epoch}, {shape}: {stats.batches_delivered} batches delivered"
+             f" in {format_seconds(stats.elapsed_seconds)}, {stats.tasks_in_flight} in flight, "
+             f"{stats.restarts} restarts"]
+    if workers:
+        rows = [("worker", "pid", "state", "current task", "done", "busy", "RSS / USS MB")]
+        for worker in stats.workers:
+            task = ("-" if worker.current_task is None else
+                    f"task {worker.current_task} for {format_seconds(worker.current_task_seconds)}")
+            share = worker.busy_share
+            rows.append((
+                str(worker.worker_id), str(worker.pid or "-"), str(worker.state), task,
+                str(worker.tasks_done), "-" if share is None else f"{min(share, 1.0):.0%}",
+                f"{format_megabytes(worker.rss_bytes)} / {format_megabytes(worker.uss_bytes)}",
+            ))
+        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+            lines.append(("  " + "  ".join(cells)).rstrip())
+    share = stats.wait_share
+    lines.append(
+        f"  waited for data{'' if workers else ' (loaded here)'} "
+        f"{0 if share is None else share:.0%} of the time "
+        f"({format_seconds(stats.wait_seconds)}); consumer between batches "
+        f"{format_seconds(stats.consumer_seconds)}"
+    )
+    channel = _channel_line(stats.channel)
+    if channel:
+        lines.append(channel)
+    lines.append(f"  bottleneck: {stats.bottleneck}")
+    return lines
+
+
+def _channel_line(channel: Any) -> str:
+    if channel is None:
+        return ""
+    pools = channel.workers
+    blocks = sum(pool.blocks for pool in pools)
+    size = sum(pool.bytes for pool in pools)
+    hits = sum(pool.reuse_hits for pool in pools)
+    misses = sum(pool.reuse_misses for pool in pools)
+    reuse = f"{hits / (hits + misses):.0%}" if hits + misses else "-"
+    waits = sum(pool.wait_seconds for pool in pools)
+    return (f"  shared memory: {blocks} blocks ({size / MB:.0f} MB), reuse {reuse}, "
+            f"{channel.live_batches} batches held, {format_seconds(waits)} waiting for blocks")
 
 
 def process_memory(pid: int | None) -> tuple[int | None, int | None, float | None, float | None]:
@@ -63,3 +156,38 @@ def process_memory(pid: int | None) -> tuple[int | None, int | None, float | Non
                 process.create_time()
     except psutil.Error:
         return None, None, None, None
+
+
+class LatestStats:
+    """What ``DataLoader.stats()`` answers from: its live iterator's snapshot, else the last
+    one the latest iterator left when it shut down.  Holds the iterator weakly, so that dropping
+    an iterator still stops its workers."""
+
+    def __init__(self) -> None:
+        self._iterator: Callable[[], Any] | None = None
+        self._final: LoaderStats | None = None
+        self._followed = 0  # how many iterators were followed: the latest one's number
+
+    def follow(self, iterator: Any) -> int:
+        """Answer from ``iterator`` from now on; returns its number for ``record_final``."""
+        self._iterator = weakref.ref(iterator)
+        self._final = None
+        self._followed += 1
+        return self._followed
+
+    def record_final(self, number: int, stats: LoaderStats) -> None:
+        """The last snapshot of iterator ``number``; an older iterator's is ignored."""
+        if number == self._followed:
+            self._final = stats
+
+    def current(self) -> LoaderStats:
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None:
+            return iterator.stats()  # type: ignore[no-any-return]
+        if self._final is not None:
+            return self._final
+        if self._iterator is None:
+            raise RuntimeError("DataLoader.stats(): no iterator yet; stats describe an "
+                               "iteration, so call it after iter(loader) (or during a for loop)")
+        raise RuntimeError("DataLoader.stats(): the last iterator was dropped before it ended "
+                           "and left no snapshot")

@@ -246,7 +246,8 @@ class WorkerGroup:
         handle = self.handles[worker_id]
         self.send(worker_id, task)
         handle.tasks_held += 1
-        handle.state = WorkerState.BUSY
+        if handle.state == WorkerState.IDLE:  # a starting one is not busy before it is ready
+            handle.state = WorkerState.BUSY
 
     def start_epoch(self, shared_seed: int | None = None) -> int:
         """Move every worker on to the next epoch (``Resume``); returns the new epoch."""
@@ -279,6 +280,13 @@ class WorkerGroup:
         for worker_id, release in by_worker.items():
             if not self.handles[worker_id].ended:
                 self.send(worker_id, release)
+
+    def try_hold_wait(self) -> bool:
+        """Hold off other waiters (``stats()`` reading the pipes); False if one is waiting."""
+        return self._wait_lock.acquire(blocking=False)
+
+    def release_wait(self) -> None:
+        self._wait_lock.release()
 
     def wait(self, timeout: float | None) -> list[Event]:
         """Events from the workers, waiting up to ``timeout`` (None: until something happens).
@@ -324,7 +332,7 @@ class WorkerGroup:
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
         """A worker's state follows from what it said: ready, a task answered, exhausted."""
         if isinstance(message, WorkerReady):
-            handle.state = WorkerState.BUSY if handle.tasks_held else WorkerState.READY
+            handle.state = WorkerState.BUSY if handle.tasks_held else WorkerState.IDLE
         elif isinstance(message, TaskDone | IterableExhausted):
             handle.tasks_held = max(0, handle.tasks_held - 1)
             if isinstance(message, IterableExhausted) and message.epoch == self.epoch:
@@ -333,7 +341,7 @@ class WorkerGroup:
             if handle.exhausted:
                 handle.state = WorkerState.EXHAUSTED
             elif not handle.tasks_held:
-                handle.state = WorkerState.READY
+                handle.state = WorkerState.IDLE
 
     def _close_reader(self, handle: WorkerHandle) -> None:
         if handle.reader_open:

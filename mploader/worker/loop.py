@@ -132,7 +132,8 @@ class WorkerLoop:
                 self.fetch_threads = FetchThreads(
                     spec.worker_threads, spec.dataset, spec.auto_collation
                 )
-        self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None))
+        self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None,
+                              time.monotonic()))
         self.watchdog.start_thread(self.channel.abandon)
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
 

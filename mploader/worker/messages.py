@@ -12,7 +12,7 @@ Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO ord
 
 The *result pipe* carries, worker -> main:
 
-    WorkerReady(worker_id, pid)             seeded, ``worker_init_fn`` and hooks ran (or failed)
+    WorkerReady(worker_id, pid, at)         seeded, ``worker_init_fn`` and hooks ran (or failed)
     TaskDone(epoch, task_id, payload, ...)  a batch (encoded by the channel) or a RemoteError,
                                             with the worker's state right after it (``state``, a
                                             ``WorkerSnapshot`` or None: see ``worker.resume``)
@@ -64,6 +64,7 @@ class WorkerReady:
     worker_id: int
     pid: int
     init_failed: bool = False
+    at: float = 0.0  # when (time.monotonic(), which every process shares)
 
 
 @dataclass(slots=True)

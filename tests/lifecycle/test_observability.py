@@ -39,7 +39,7 @@ def test_stats_fields_while_iterating():
     assert [w.worker_id for w in stats.workers] == [0, 1]
     for worker, process in zip(stats.workers, iterator._workers, strict=True):
         assert worker.pid == process.pid
-        assert worker.state in ("ready", "busy")
+        assert worker.state in ("idle", "busy", "result waiting")
         assert worker.rss_bytes and worker.rss_bytes > 10 << 20
         assert worker.uss_bytes and 0 < worker.uss_bytes <= worker.rss_bytes
         assert worker.cpu_share is not None and 0 <= worker.cpu_share <= 1.5
