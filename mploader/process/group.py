@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import select
 import threading
 import time
 import warnings
@@ -74,6 +75,16 @@ class WorkerHandle:
     pid: int | None = None
     reader_open: bool = True
     ended: bool = False  # the process is gone and has been reaped
+    # Whether the result pipe has more to read: a poll object made once (Connection.poll(0)
+    # builds a selector per call, 4.8 us against 0.3 us, and every result asks twice).
+    readable: Any = None
+
+    def __post_init__(self) -> None:
+        self.readable = select.poll()
+        self.readable.register(self.reader.fileno(), select.POLLIN)
+
+    def has_message(self) -> bool:
+        return self.reader_open and bool(self.readable.poll(0))
 
 
 @dataclass
@@ -316,7 +327,7 @@ class WorkerGroup:
 
     def _read_messages(self, handle: WorkerHandle) -> list[Event]:
         events = []
-        while handle.reader_open and handle.reader.poll(0):
+        while handle.has_message():
             try:
                 message = pickle.loads(handle.reader.recv_bytes())
                 payload = getattr(message, "payload", None)
