@@ -86,6 +86,10 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"
+
+
 def format_megabytes(size: int | None) -> str:
     return "?" if size is None else f"{size / MB:.0f}"
 
@@ -95,9 +99,10 @@ def _readable_lines(stats: LoaderStats) -> list[str]:
     shape = (f"{workers} workers" + (f" x {stats.worker_threads} threads"
                                      if stats.worker_threads > 1 else "")
              if workers else "no workers")
-    lines = [f"loader, epoch {stats.epoch}, {shape}: {stats.batches_delivered} batches delivered"
-             f" in {format_seconds(stats.elapsed_seconds)}, {stats.tasks_in_flight} in flight, "
-             f"{stats.restarts} restarts"]
+    lines = [f"loader, epoch {stats.epoch}, {shape}: "
+             f"{_count(stats.batches_delivered, 'batch', 'batches')} delivered in "
+             f"{format_seconds(stats.elapsed_seconds)}, {stats.tasks_in_flight} in flight, "
+             f"{_count(stats.restarts, 'restart', 'restarts')}"]
     if workers:
         rows = [("worker", "pid", "state", "current task", "done", "busy", "RSS / USS MB")]
         for worker in stats.workers:
@@ -138,7 +143,8 @@ def _channel_line(channel: Any) -> str:
     reuse = f"{hits / (hits + misses):.0%}" if hits + misses else "-"
     waits = sum(pool.wait_seconds for pool in pools)
     return (f"  shared memory: {blocks} blocks ({size / MB:.0f} MB), reuse {reuse}, "
-            f"{channel.live_batches} batches held, {format_seconds(waits)} waiting for blocks")
+            f"{_count(channel.live_batches, 'batch', 'batches')} held, "
+            f"{format_seconds(waits)} waiting for blocks")
 
 
 def process_memory(pid: int | None) -> tuple[int | None, int | None, float | None, float | None]:
