@@ -22,6 +22,7 @@ what arrives.
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import os
 import threading
@@ -47,6 +48,8 @@ from mploader.process.group import Event, WorkerGroup
 from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
 from mploader.worker.resume import WorkerSnapshot
 from mploader.worker.spec import WorkerSpec
+
+_log = logging.getLogger("mploader")
 
 
 class MultiProcessIterator(BaseIterator):
@@ -481,10 +484,13 @@ def _shut_down(
         group.shutdown(discard, urgent=urgency[0])
     finally:
         if latest is not None:  # what DataLoader.stats() answers once this iterator is gone
-            latest.record_final(followed_as, monitor.snapshot(
-                [WorkerView(handle.state) for handle in group.handles], 0,
-                channel.statistics(), followed_as - 1 + group.epoch,
-                group.template.worker_threads))
+            try:
+                latest.record_final(followed_as, monitor.snapshot(
+                    [WorkerView(handle.state) for handle in group.handles], 0,
+                    channel.statistics(), followed_as - 1 + group.epoch,
+                    group.template.worker_threads))
+            except Exception:  # interpreter exit: psutil may be gone
+                _log.debug("no final stats snapshot", exc_info=True)
         for handle in group.handles:
             channel.forget_worker(handle.worker_id, handle.pid)
         channel.close()
