@@ -40,6 +40,7 @@ from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
+from mploader.monitor import publish
 from mploader.monitor.events import WorkerEvent, WorkerState
 from mploader.monitor.monitor import IteratorMonitor, WorkerView
 from mploader.monitor.stats import LatestStats, LoaderStats
@@ -106,6 +107,7 @@ class MultiProcessIterator(BaseIterator):
             self._raise_as_torch_timeout(error)
             raise
         self._monitor.workers_started(self._group.worker_pids())
+        publish.register(self)  # for `python -m mploader top`, until shutdown
 
     def _spec_template(self) -> WorkerSpec:
         """The spec every worker shares; the group fills in the worker id and the epoch."""
@@ -144,6 +146,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _shutdown_workers(self) -> None:
         self._shutdown = True
+        publish.unregister(self)
         self._finalizer()
 
     # -- epochs ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
 from mploader.iterator.settings import LoaderSettings
+from mploader.monitor import publish
 from mploader.monitor.monitor import IteratorMonitor
 from mploader.monitor.stats import LatestStats, LoaderStats
 from mploader.worker.fetch import make_fetcher
@@ -53,6 +54,7 @@ class SingleProcessIterator(BaseIterator):
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
             weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
+        publish.register(self)  # for `python -m mploader top`, until the epoch ends
 
     def stats(self) -> LoaderStats:
         """The loader's snapshot: no workers; waiting for data is loading in this process."""
@@ -83,6 +85,7 @@ class SingleProcessIterator(BaseIterator):
             seed = TaskSeed(self._base_seed, 0, self._task_number())  # for item_generator()
             data = self._collate_fn(self._fetcher.fetch(indices, seed))
         except StopIteration:
+            publish.unregister(self)
             self._close_hooks()
             if tracker is not None:
                 tracker.epoch_ended()
