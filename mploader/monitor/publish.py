@@ -215,6 +215,8 @@ class Publisher:
             write_private_json(directory, f"{self._pid}.json", document)
             self._directory = directory
             self._published = True
+            if not self._registered:  # the last loader was collected while this was written
+                self.remove_file()
 
     def _refresh_view(self, entry: _Registered) -> None:
         """Take one iterator's snapshot as JSON-ready data; keep the last one if it fails."""
