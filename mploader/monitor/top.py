@@ -130,6 +130,9 @@ def format_frame(processes: list[Published], user: str, now: float | None = None
         for loader in process.loaders:
             lines.append("")
             lines.append("  ".join(_loader_fields(process, loader, now)))
+            if not loader["workers"]:
+                lines.append("  no workers: it loads in its own process (num_workers=0)")
+                continue
             rows = [_WORKER_COLUMNS, *(_worker_fields(worker) for worker in loader["workers"])]
             lines.extend("  " + line for line in _columns(rows))
     return "\n".join(lines) + "\n"
