@@ -21,9 +21,13 @@ def main(argv: list[str] | None = None) -> int:
         from mploader.monitor.top import run
 
         return run(arguments.once, arguments.pid, arguments.interval)
-    from mploader.monitor.trace_summary import summarize
+    from mploader.monitor.trace_summary import TraceError, summarize
 
-    print(summarize(arguments.path, arguments.slowest))
+    try:
+        print(summarize(arguments.path, arguments.slowest))
+    except TraceError as error:  # the file's problem, in one line: no traceback
+        print(f"{parser.prog} trace-summary: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -62,7 +62,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     * ``shared_memory``: ``True`` (default) moves batches through pooled shared-memory blocks;
       ``False`` pickles them; a ``mploader.SharedMemoryConfig`` sets the budget and threshold.
     * ``max_worker_restarts``: replace a crashed worker up to this many times.
-    * ``trace``: a path; write a Chrome/Perfetto JSON trace of every batch's lifecycle.
+    * ``trace``: a path; write a Chrome/Perfetto JSON trace of every batch's lifecycle, every
+      epoch of the loader's life in the one file (``python -m mploader trace-summary`` reads it).
     * ``snapshot_every_n_steps``: torchdata's name; any ``n >= 1`` tracks the resume state of every
       batch (workers send only what changed, so every step is exact); ``None`` turns tracking
       off, and with it ``state_dict()``.
@@ -140,6 +141,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.shared_memory = shared_memory
         self.max_worker_restarts = max_worker_restarts
         self.trace = os.fspath(trace) if trace is not None else None
+        # The trace's writer, made at the first iter(): one for the loader's life, shared by
+        # each epoch's iterator, so every epoch lands in the one file.
+        self.trace_recorder: Any = None
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.worker_threads = worker_threads
         if self.trace is not None:
@@ -340,6 +344,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
         if self.num_workers > 0:
             self.check_worker_number_rationality()
+        if self.trace is not None and self.trace_recorder is None:
+            from mploader.monitor.trace import Tracer
+
+            self.trace_recorder = Tracer(self.trace)
         return make_iterator(self)
 
     def check_worker_number_rationality(self) -> None:

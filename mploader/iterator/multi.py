@@ -44,6 +44,7 @@ from mploader.monitor import publish
 from mploader.monitor.events import WorkerEvent, WorkerState
 from mploader.monitor.monitor import IteratorMonitor, WorkerView
 from mploader.monitor.stats import LatestStats, LoaderStats
+from mploader.process import zygote
 from mploader.process.death import worker_died_error
 from mploader.process.group import Event, WorkerGroup
 from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
@@ -55,6 +56,7 @@ _log = logging.getLogger("mploader")
 
 class MultiProcessIterator(BaseIterator):
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        constructed_at = time.monotonic()  # start-up begins: the trace's first span
         super().__init__(loader, settings)
         if settings.prefetch_factor <= 0:  # torch's constructor lets 0 through; its iterator not
             raise AssertionError(
@@ -80,7 +82,13 @@ class MultiProcessIterator(BaseIterator):
         restores = plan.restores() if plan is not None and plan.workers else None
         self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
                                   self._timeout)
-        self._monitor = IteratorMonitor(self._num_workers, settings.trace)
+        self._monitor = IteratorMonitor(self._num_workers, settings.tracer)
+        self._monitor.epoch_started(constructed_at)
+        start_method = context.get_start_method()
+        self._monitor.startup_began(
+            constructed_at, start_method=start_method,
+            zygote=start_method != "fork" and zygote.enabled(),
+        )
         # Held while the task table and the monitor change (never across the wait for events),
         # so that stats() can be called from another thread at any time (mploader top, a
         # Lightning callback).  Events that stats() read but may not handle wait here.
@@ -99,6 +107,7 @@ class MultiProcessIterator(BaseIterator):
             self._monitor, settings.latest_stats, self._followed_as,
         )
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
+        launched_at = time.monotonic()
         try:
             self._group.start()  # ...for workers that start on them as soon as they exist
         except BaseException as error:  # stop the ones that did start, then say why
@@ -106,7 +115,7 @@ class MultiProcessIterator(BaseIterator):
             self._shutdown_workers()
             self._raise_as_torch_timeout(error)
             raise
-        self._monitor.workers_started(self._group.worker_pids())
+        self._monitor.workers_started(self._group.worker_pids(), launched_at)
         publish.register(self)  # for `python -m mploader top`, until shutdown
 
     def _spec_template(self) -> WorkerSpec:
@@ -154,6 +163,7 @@ class MultiProcessIterator(BaseIterator):
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         if not first_iter:
+            self._monitor.epoch_started()
             for entry in self._table.reset():
                 self._discard_entry(entry)
             self._group.start_epoch(self._shared_seed)
@@ -197,7 +207,7 @@ class MultiProcessIterator(BaseIterator):
         self._group.flush_releases()
         task_id = self._table.add(worker_id, indices)
         self._group.send_task(worker_id, Task(self._group.epoch, task_id, indices))
-        self._monitor.dispatched(task_id, started, self._group.epoch)
+        self._monitor.dispatched(task_id, started)
 
     def _choose_worker(self) -> int | None:
         active = [w for w in range(self._num_workers) if not self._exhausted(w)]
@@ -291,9 +301,8 @@ class MultiProcessIterator(BaseIterator):
             return
         message = event.message
         if isinstance(message, WorkerReady):
-            self._monitor.worker_ready(message.worker_id, message.at)
-            self._monitor.worker_event(WorkerEvent.READY, message.worker_id, message.pid,
-                                       init_failed=message.init_failed)
+            self._monitor.worker_ready(message.worker_id, message.pid, message.at,
+                                       message.init_failed)
         elif isinstance(message, TaskDone):
             self._on_task_done(message, event.payload)
         elif isinstance(message, IterableExhausted) and message.epoch == self._group.epoch:
@@ -307,7 +316,7 @@ class MultiProcessIterator(BaseIterator):
         if message.epoch != epoch or not self._table.arrive(message.task_id, result):
             self._discard(message.worker_id, payload)
             return
-        self._monitor.arrived(message.task_id, message.worker_id, message.timings, epoch)
+        self._monitor.arrived(message.task_id, message.worker_id, message.timings)
         if self._pinning is not None and message.error is None and payload is not None:
             result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
 
@@ -419,7 +428,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _deliver(self, entry: TaskEntry) -> Any:
         arrived: _Arrived = entry.result
-        self._monitor.delivered(entry.task_id, self._group.epoch)
+        self._monitor.delivered(entry.task_id)
         self._dispatch_one()  # refill before returning, as torch does
         message = arrived.message
         if self._tracker is not None:
@@ -508,5 +517,4 @@ def _shut_down(
             name = WorkerEvent.EXIT if exitcode in (0, None) else WorkerEvent.CRASH
             monitor.worker_event(name, handle.worker_id, handle.pid,
                                  exitcode="unknown" if exitcode is None else exitcode)
-        if monitor.tracer is not None:
-            monitor.tracer.flush()
+        monitor.shut_down()

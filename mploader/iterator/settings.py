@@ -36,7 +36,7 @@ class LoaderSettings:
     worker_hooks: Any
     shared_memory: Any  # resolved config or None
     max_worker_restarts: int
-    trace: str | None
+    tracer: Any  # the loader's mploader.monitor.trace.Tracer, or None: no trace
     resume: Any = None  # the loader's ResumeTracker; None: no state tracking (or a torch loader)
     worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
     latest_stats: Any = None  # the loader's LatestStats (DataLoader.stats()); None: a torch loader
@@ -69,7 +69,7 @@ def settings_of(loader: Any) -> LoaderSettings:
         worker_hooks=getattr(loader, "worker_hooks", None),
         shared_memory=resolve_shared_memory(getattr(loader, "shared_memory", True)),
         max_worker_restarts=getattr(loader, "max_worker_restarts", 0),
-        trace=getattr(loader, "trace", None),
+        tracer=getattr(loader, "trace_recorder", None),
         resume=getattr(loader, "resume_tracker", None),
         worker_threads=getattr(loader, "worker_threads", 1),
         latest_stats=getattr(loader, "_latest_stats", None),

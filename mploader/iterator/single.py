@@ -8,6 +8,7 @@ works unchanged with and without workers.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from typing import Any
 
@@ -15,6 +16,7 @@ from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
 from mploader.iterator.settings import LoaderSettings
 from mploader.monitor import publish
+from mploader.monitor.events import TaskTimings
 from mploader.monitor.monitor import IteratorMonitor
 from mploader.monitor.stats import LatestStats, LoaderStats
 from mploader.worker.fetch import make_fetcher
@@ -26,6 +28,7 @@ from mploader.worker.resume import restored_fetcher
 
 class SingleProcessIterator(BaseIterator):
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
+        constructed_at = time.monotonic()
         super().__init__(loader, settings)
         if self._timeout != 0:  # torch's wording: its single-process iterator refuses a timeout
             raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
@@ -49,7 +52,9 @@ class SingleProcessIterator(BaseIterator):
                                              self._auto_collation, self._drop_last)
         if self._tracker is not None:
             self._tracker.follow_fetcher(self._fetcher)
-        self._monitor = IteratorMonitor(0, None)
+        # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().
+        self._monitor = IteratorMonitor(0, settings.tracer)
+        self._monitor.epoch_started(constructed_at)
         latest = settings.latest_stats
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
@@ -61,20 +66,22 @@ class SingleProcessIterator(BaseIterator):
         return self._monitor.snapshot([], 0, None, self._followed_as - 1, 1)
 
     def _next_data(self) -> Any:
-        self._monitor.next_called()
+        monitor = self._monitor
+        monitor.next_called()
         try:
-            data = self._load_next()
+            task_number, data = self._load_next()
         except StopIteration:
-            self._monitor.next_ended()
+            monitor.next_ended()
+            monitor.epoch_ended(write_trace=True)
             raise
         except BaseException:  # the dataset's error: the epoch goes on after it, as in torch
-            self._monitor.next_returned()
+            monitor.next_returned()
             raise
-        self._monitor.next_returned()
-        self._monitor.delivered(self._num_yielded, 0)
+        monitor.delivered(task_number)
+        monitor.next_returned()
         return data
 
-    def _load_next(self) -> Any:
+    def _load_next(self) -> tuple[int, Any]:
         # In one process each batch is delivered before the next is drawn: its task number is
         # the tracker's first undelivered one.
         tracker = self._tracker
@@ -82,8 +89,12 @@ class SingleProcessIterator(BaseIterator):
             indices = self._next_index()
             if tracker is not None and tracker.watches_draws:
                 tracker.drawn(tracker.resume_at, self._sampler_iter)
-            seed = TaskSeed(self._base_seed, 0, self._task_number())  # for item_generator()
-            data = self._collate_fn(self._fetcher.fetch(indices, seed))
+            task_number = self._task_number()
+            seed = TaskSeed(self._base_seed, 0, task_number)  # for item_generator()
+            started = time.monotonic()
+            samples = self._fetcher.fetch(indices, seed)
+            fetched = time.monotonic()
+            data = self._collate_fn(samples)
         except StopIteration:
             publish.unregister(self)
             self._close_hooks()
@@ -96,9 +107,11 @@ class SingleProcessIterator(BaseIterator):
             raise
         if tracker is not None:
             tracker.delivered_task(tracker.resume_at, None, None)
+        self._monitor.fetched_in_main(task_number,
+                                      TaskTimings(started, fetched, time.monotonic()))
         if self._pin_memory:
             data = pin_batch(data, self._pin_memory_device)
-        return data
+        return task_number, data
 
     def _task_number(self) -> int:
         """This batch's number in the epoch (a resumed epoch continues the interrupted one's)."""

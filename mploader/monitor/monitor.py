@@ -1,8 +1,14 @@
 """Watching an iterator at work: counters for ``stats()``, the trace, the memory-growth guard.
 
-The iterator tells the monitor what happens (a task dispatched, a result arrived, a batch
-delivered, a worker started or ended); the monitor keeps the counts and, when tracing, the spans.
-With tracing off the cost is a few attribute updates per batch.
+The iterator tells the monitor what happens (an epoch begun, a task dispatched, a result arrived,
+a batch delivered, a worker started, ready or ended); the monitor keeps the counts and, when
+tracing, the spans.  The counts are the iterator's own; the tracer is the loader's, shared by
+every iterator it makes, so the trace holds the loader's whole life.  With tracing off the cost is
+a few attribute updates per batch.
+
+Start-up is its own span: on the main process's start-up track from the iterator's construction
+until every worker said it is ready (or the first batch came, if that is sooner), and on each
+worker's track from its launch to its ready.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 from mploader.monitor.events import TaskTimings, WorkerEvent, WorkerState
 from mploader.monitor.stats import LoaderStats, WorkerStats, process_memory
-from mploader.monitor.trace import Tracer
+from mploader.monitor.trace import STARTUP_TID, Tracer
 
 _log = logging.getLogger("mploader")
 
@@ -53,10 +59,10 @@ class WorkerCounters:
 
 
 class IteratorMonitor:
-    def __init__(self, num_workers: int, trace_path: str | None) -> None:
+    def __init__(self, num_workers: int, tracer: Tracer | None) -> None:
         self.created_at = time.monotonic()
         self.workers = [WorkerCounters(None) for _ in range(num_workers)]
-        self.tracer = Tracer(trace_path) if trace_path else None
+        self.tracer = tracer
         self.batches_delivered = 0
         self.wait_seconds = 0.0
         self.consumer_seconds = 0.0
@@ -68,13 +74,53 @@ class IteratorMonitor:
         self._dispatch_numbers = itertools.count()
         self._arrived_at: dict[int, float] = {}
         self._last_sample_at = time.monotonic()
+        # For the trace: the loader's epoch number and when it began, the start-up span's start
+        # and details (None once it ended), the workers ready so far, the task this next() call
+        # delivers and the one the consumer holds.
+        self._epoch = 0
+        self._epoch_began: float | None = None
+        self._startup_began: float | None = None
+        self._startup_details: dict[str, Any] = {}
+        self._ready_at: dict[int, float] = {}
+        self._delivering: int | None = None
+        self._yielded: int | None = None
 
-    def workers_started(self, pids: list[int | None]) -> None:
-        now = time.monotonic()
+    # -- epochs and start-up ---------------------------------------------------------------------
+
+    def epoch_started(self, at: float | None = None) -> None:
+        """An epoch begins (an iterator made, or a persistent one reset): the loader's next
+        epoch number, for every event of the epoch."""
+        if self._epoch_began is not None:  # the consumer left the last epoch before its end
+            self._end_epoch_span("left")
+        self._last_returned_at = None  # time between epochs is not the consumer's step
+        self._yielded = None
+        if self.tracer:
+            self._epoch = self.tracer.next_epoch()
+        self._epoch_began = at if at is not None else time.monotonic()
+
+    def startup_began(self, at: float, **details: Any) -> None:
+        """The iterator starts its workers (its construction began ``at``)."""
+        self._startup_began = at
+        self._startup_details = details
+
+    def _end_startup(self, at: float, ended_by: str) -> None:
+        began, self._startup_began = self._startup_began, None
+        if self.tracer and began is not None:
+            self.tracer.span("start-up", self.tracer.main_pid, began, at, tid=STARTUP_TID,
+                             epoch=self._epoch, workers=len(self.workers), ended_by=ended_by,
+                             **self._startup_details)
+
+    def _end_epoch_span(self, ended_by: str) -> None:
+        began, self._epoch_began = self._epoch_began, None
+        if self.tracer and began is not None:
+            self.tracer.span("epoch", self.tracer.main_pid, began, time.monotonic(),
+                             epoch=self._epoch, ended_by=ended_by)
+
+    def workers_started(self, pids: list[int | None], launched_at: float) -> None:
         for worker_id, pid in enumerate(pids):
-            self.workers[worker_id] = WorkerCounters(pid, started_at=now)
+            self.workers[worker_id] = WorkerCounters(pid, started_at=launched_at)
             if pid is not None:  # None: never started (the loader was shut down meanwhile)
-                self.worker_event(WorkerEvent.START, worker_id, pid, now)
+                self.worker_event(WorkerEvent.START, worker_id, pid, launched_at)
 
     # -- the main loop's steps -------------------------------------------------------------------
 
@@ -83,16 +129,19 @@ class IteratorMonitor:
         self._next_called_at = now
         if self._last_returned_at is not None:
             self.consumer_seconds += now - self._last_returned_at
-            if self.tracer:
-                self.tracer.span("yield", self.tracer.main_pid, self._last_returned_at, now)
+            if self.tracer:  # the consumer's time with the batch the last next() returned
+                self.tracer.span("yield", self.tracer.main_pid, self._last_returned_at, now,
+                                 task=self._yielded, epoch=self._epoch)
 
     def next_returned(self) -> None:
         now = time.monotonic()
         if self._next_called_at is not None:
             self.wait_seconds += now - self._next_called_at
             if self.tracer:
-                self.tracer.span("wait for data", self.tracer.main_pid, self._next_called_at, now)
+                self.tracer.span("wait for data", self.tracer.main_pid, self._next_called_at, now,
+                                 task=self._delivering, epoch=self._epoch)
         self._last_returned_at = now
+        self._yielded, self._delivering = self._delivering, None
 
     def next_ended(self) -> None:
         """``__next__`` raised (the epoch's end, an error): the wait ends, and the time until
@@ -101,15 +150,23 @@ class IteratorMonitor:
             self.wait_seconds += time.monotonic() - self._next_called_at
         self._next_called_at = self._last_returned_at = None
 
-    def dispatched(self, task_id: int, started: float, epoch: int) -> None:
+    def dispatched(self, task_id: int, started: float) -> None:
         now = time.monotonic()
         self._dispatched[task_id] = (next(self._dispatch_numbers), now)
         if self.tracer:
             self.tracer.span("dispatch", self.tracer.main_pid, started, now, task=task_id,
-                             epoch=epoch)
+                             epoch=self._epoch)
 
-    def arrived(self, task_id: int, worker_id: int, timings: TaskTimings | None,
-                epoch: int) -> None:
+    def fetched_in_main(self, task_id: int, timings: TaskTimings) -> None:
+        """``num_workers=0``: the main process fetched and collated a batch itself."""
+        if self.tracer:
+            main = self.tracer.main_pid
+            self.tracer.span("fetch", main, timings.started, timings.fetched, task=task_id,
+                             epoch=self._epoch)
+            self.tracer.span("collate", main, timings.fetched, timings.encoded, task=task_id,
+                             epoch=self._epoch)
+
+    def arrived(self, task_id: int, worker_id: int, timings: TaskTimings | None) -> None:
         now = time.monotonic()
         counters = self.workers[worker_id]
         counters.tasks_done += 1
@@ -120,7 +177,7 @@ class IteratorMonitor:
             return
         counters.busy_seconds += timings.encoded - timings.started
         if self.tracer:
-            pid = counters.pid
+            pid, epoch = counters.pid, self._epoch
             self.tracer.span("fetch", pid, timings.started, timings.fetched, task=task_id,
                              epoch=epoch)
             self.tracer.span("collate", pid, timings.fetched, timings.encoded,
@@ -128,14 +185,17 @@ class IteratorMonitor:
             self.tracer.span("transfer", self.tracer.main_pid, timings.encoded, now,
                              task=task_id, epoch=epoch, worker=worker_id)
 
-    def delivered(self, task_id: int, epoch: int) -> None:
+    def delivered(self, task_id: int) -> None:
         now = time.monotonic()
         self.batches_delivered += 1
+        self._delivering = task_id
+        if self._startup_began is not None:  # a batch before every worker was ready
+            self._end_startup(now, "first batch")
         self._dispatched.pop(task_id, None)
         arrived = self._arrived_at.pop(task_id, None)
         if self.tracer and arrived is not None:
             self.tracer.span("reorder wait", self.tracer.main_pid, arrived, now, task=task_id,
-                             epoch=epoch)
+                             epoch=self._epoch)
 
     def worker_event(self, name: WorkerEvent, worker_id: int, pid: int | None,
                      at: float | None = None, **details: Any) -> None:
@@ -146,9 +206,17 @@ class IteratorMonitor:
             self.tracer.name_worker(pid, worker_id)
             self.tracer.instant(name, pid, at or time.monotonic(), worker=worker_id, **details)
 
-    def worker_ready(self, worker_id: int, at: float) -> None:
-        """The worker said it is ready (at ``at``, its own clock): it takes tasks from then."""
+    def worker_ready(self, worker_id: int, pid: int, at: float, init_failed: bool) -> None:
+        """The worker said it is ready (at ``at``, its own clock): it takes tasks from then.
+        In the trace: its start-up span, and the main one's end once every worker is ready."""
         self.workers[worker_id].ready_at = at
+        self.worker_event(WorkerEvent.READY, worker_id, pid, at, init_failed=init_failed)
+        if self.tracer:
+            self.tracer.span("start-up", pid, self.workers[worker_id].started_at, at,
+                             epoch=self._epoch, worker=worker_id)
+        self._ready_at[worker_id] = at
+        if self._startup_began is not None and len(self._ready_at) == len(self.workers):
+            self._end_startup(max(self._ready_at.values()), "every worker ready")
 
     def worker_replaced(self, worker_id: int, pid: int | None) -> None:
         self.restarts += 1
@@ -158,7 +226,17 @@ class IteratorMonitor:
     def epoch_ended(self, write_trace: bool) -> None:
         self._dispatched.clear()
         self._arrived_at.clear()
+        self._end_epoch_span("exhausted")
         if self.tracer and write_trace:
+            self.tracer.flush()
+
+    def shut_down(self) -> None:
+        """The iterator's workers are gone: close what is open and write the trace."""
+        now = time.monotonic()
+        if self._startup_began is not None:
+            self._end_startup(now, "shut down")
+        self._end_epoch_span("shut down")
+        if self.tracer:
             self.tracer.flush()
 
     # -- the copy-on-write guard -----------------------------------------------------------------

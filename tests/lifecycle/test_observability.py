@@ -61,7 +61,7 @@ def test_trace_structure_and_summary(tmp_path):
     events = trace["traceEvents"]
     pids = {e["pid"] for e in events}
     assert len(pids) == 3  # main + two workers, one track each
-    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {"main process", "worker 0", "worker 1"}
     spans = [e for e in events if e["ph"] == "X"]
     by_name: dict[str, list[dict]] = {}
@@ -75,7 +75,7 @@ def test_trace_structure_and_summary(tmp_path):
     instants = [e["name"] for e in events if e["ph"] == "i"]
     for name in ("worker start", "worker ready", "worker exit"):
         assert instants.count(name) == 2, name
-    main_pid = next(e["pid"] for e in events if e["ph"] == "M" and
+    main_pid = next(e["pid"] for e in events if e["name"] == "process_name" and
                     e["args"]["name"] == "main process")
     assert all(s["pid"] != main_pid for s in by_name["fetch"] + by_name["collate"])
     assert all(s["pid"] == main_pid for s in by_name["transfer"] + by_name["reorder wait"])
