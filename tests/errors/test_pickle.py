@@ -112,6 +112,9 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "mploader.errors.ZygoteTimeoutError": lambda: ZygoteTimeoutError(
         "mploader's spawn zygote (pid 77) did not answer within 30 s"
     ),
+    "mploader.monitor.trace_summary.TraceError": lambda: _private(
+        "mploader.monitor.trace_summary.TraceError"
+    )("run.json: no such file"),
     "mploader.process.zygote._Gone": lambda: _private("mploader.process.zygote._Gone")(
         "the zygote ended"
     ),
