@@ -114,10 +114,11 @@ def test_top_drops_the_file_of_a_reused_pid(runtime_dir: Path) -> None:
     assert list(directory.iterdir()) == []
 
 
-def _iterate(seconds: float, each_batch: Callable[[], None]) -> None:
+def _iterate(seconds: float, each_batch: Callable[[], None], num_workers: int) -> None:
     """Run a loader in this process for ``seconds``."""
-    loader = mploader.DataLoader(Slow(length=10_000, sleep=0.01), batch_size=2, num_workers=2,
-                                 multiprocessing_context="fork")
+    context = {"multiprocessing_context": "fork"} if num_workers else {}
+    loader = mploader.DataLoader(Slow(length=10_000, sleep=0.01), batch_size=2,
+                                 num_workers=num_workers, **context)  # type: ignore[arg-type]
     deadline = time.monotonic() + seconds
     for _ in loader:
         each_batch()
@@ -125,8 +126,8 @@ def _iterate(seconds: float, each_batch: Callable[[], None]) -> None:
             break
 
 
-@pytest.mark.parametrize("case", ["watched", "nobody watching", "watching is stale",
-                                  "MPLOADER_PUBLISH=0", "dir is a symlink"])
+@pytest.mark.parametrize("case", ["watched", "watched, num_workers=0", "nobody watching",
+                                  "watching is stale", "MPLOADER_PUBLISH=0", "dir is a symlink"])
 def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
                                  monkeypatch: pytest.MonkeyPatch,
                                  caplog: pytest.LogCaptureFixture) -> None:
@@ -146,14 +147,19 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         monkeypatch.setenv("MPLOADER_PUBLISH", "0")
     monkeypatch.setattr(publish, "_publisher", publish.Publisher())  # reads MPLOADER_PUBLISH
     seen: set[str] = set()
+    frames: list[str] = []
 
     def look() -> None:
         seen.update(name for name in os.listdir(directory) if name != publish.WATCHING_FILE)
+        if seen and not frames:
+            frames.append(top.format_frame(top.read_published(directory), "me"))
 
     with caplog.at_level(logging.WARNING, logger="mploader"):
-        _iterate(2.5, look)
-    if case == "watched":
+        _iterate(2.5, look, num_workers=0 if "num_workers=0" in case else 2)
+    if case.startswith("watched"):
         assert f"{os.getpid()}.json" in seen
+        assert f"pid {os.getpid()}  loader 1  epoch 0  " in frames[0], frames
+        assert ("no workers" in frames[0]) == ("num_workers=0" in case), frames
         assert not (directory / f"{os.getpid()}.json").exists()  # gone with the loader
     else:
         assert seen == set()
