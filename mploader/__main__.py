@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     arguments = parser.parse_args(argv)
     if arguments.command == "top":
+        if arguments.interval <= 0:
+            parser.error("top: --interval must be more than 0 seconds")
         from mploader.monitor.top import run
 
         return run(arguments.once, arguments.pid, arguments.interval)

@@ -120,12 +120,7 @@ _WORKER_COLUMNS = ("worker", "pid", "state", "task", "for", "done", "RSS MB", "U
 def format_frame(processes: list[Published], user: str, now: float | None = None) -> str:
     """One frame as plain text: a header line per loader, a line per worker."""
     now = time.time() if now is None else now
-    stamp = datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S")
-    loaders = sum(len(process.loaders) for process in processes)
-    if not loaders:
-        return f"mploader top {stamp}: no mploader loaders running for user {user}\n"
-    lines = [f"mploader top {stamp}: {_count(loaders, 'loader')} in "
-             f"{_count(len(processes), 'process', 'processes')} of user {user}"]
+    lines = [_title(processes, user, now)]
     for process in processes:
         for loader in process.loaders:
             lines.append("")
@@ -136,6 +131,15 @@ def format_frame(processes: list[Published], user: str, now: float | None = None
             rows = [_WORKER_COLUMNS, *(_worker_fields(worker) for worker in loader["workers"])]
             lines.extend("  " + line for line in _columns(rows))
     return "\n".join(lines) + "\n"
+
+
+def _title(processes: list[Published], user: str, now: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S")
+    loaders = sum(len(process.loaders) for process in processes)
+    if not loaders:
+        return f"mploader top {stamp}: no mploader loaders running for user {user}"
+    return (f"mploader top {stamp}: {_count(loaders, 'loader')} in "
+            f"{_count(len(processes), 'process', 'processes')} of user {user}")
 
 
 def _loader_fields(process: Published, loader: dict[str, Any], now: float) -> list[str]:
@@ -207,13 +211,14 @@ def render(processes: list[Published], user: str) -> Any:
     from rich.text import Text
 
     now = time.time()
-    frame = format_frame(processes, user, now)
-    title = Text(frame.splitlines()[0], style="bold")
-    parts: list[Any] = [title]
+    parts: list[Any] = [Text(_title(processes, user, now), style="bold")]
     for process in processes:
         for loader in process.loaders:
-            table = Table(title="  ".join(_loader_fields(process, loader, now)),
-                          title_justify="left", title_style="bold", expand=False)
+            parts.append(Text("  ".join(_loader_fields(process, loader, now)), style="bold"))
+            if not loader["workers"]:
+                parts.append(Text("  no workers: it loads in its own process (num_workers=0)"))
+                continue
+            table = Table(expand=False)
             for name in _WORKER_COLUMNS:
                 table.add_column(name, justify="left" if name == "state" else "right")
             for worker in loader["workers"]:
