@@ -82,7 +82,9 @@ class MultiProcessIterator(BaseIterator):
         restores = plan.restores() if plan is not None and plan.workers else None
         self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
                                   self._timeout)
-        self._monitor = IteratorMonitor(self._num_workers, settings.tracer)
+        latest = settings.latest_stats
+        self._monitor = IteratorMonitor(self._num_workers, settings.tracer,
+                                        latest.next_epoch if latest is not None else None)
         self._monitor.epoch_started(constructed_at)
         start_method = context.get_start_method()
         self._monitor.startup_began(
@@ -99,9 +101,8 @@ class MultiProcessIterator(BaseIterator):
         )
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
-        # The loader's count of iterators: epochs before this iterator's first
-        self._followed_as = (settings.latest_stats.follow(self)
-                             if settings.latest_stats is not None else 1)
+        # This iterator's number with the loader: its final snapshot counts only if it is the last
+        self._followed_as = latest.follow(self) if latest is not None else 1
         self._finalizer = weakref.finalize(
             self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
             self._monitor, settings.latest_stats, self._followed_as,
@@ -395,9 +396,7 @@ class MultiProcessIterator(BaseIterator):
             views = [self._view_of(handle.worker_id, handle.state)
                      for handle in self._group.handles]
             return self._monitor.snapshot(views, self._table.in_flight,
-                                          self._channel.statistics(),
-                                          self._followed_as - 1 + self._group.epoch,
-                                          self._worker_threads)
+                                          self._channel.statistics(), self._worker_threads)
 
     def _read_what_arrived(self) -> None:
         """Read the workers' messages unless the loop is waiting for them right now (then it
@@ -499,8 +498,7 @@ def _shut_down(
             try:
                 latest.record_final(followed_as, monitor.snapshot(
                     [WorkerView(handle.state) for handle in group.handles], 0,
-                    channel.statistics(), followed_as - 1 + group.epoch,
-                    group.template.worker_threads))
+                    channel.statistics(), group.template.worker_threads))
             except Exception:  # interpreter exit: psutil may be gone
                 _log.debug("no final stats snapshot", exc_info=True)
         for handle in group.handles:

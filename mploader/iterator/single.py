@@ -53,9 +53,10 @@ class SingleProcessIterator(BaseIterator):
         if self._tracker is not None:
             self._tracker.follow_fetcher(self._fetcher)
         # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().
-        self._monitor = IteratorMonitor(0, settings.tracer)
-        self._monitor.epoch_started(constructed_at)
         latest = settings.latest_stats
+        self._monitor = IteratorMonitor(0, settings.tracer,
+                                        latest.next_epoch if latest is not None else None)
+        self._monitor.epoch_started(constructed_at)
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
             weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
@@ -63,7 +64,7 @@ class SingleProcessIterator(BaseIterator):
 
     def stats(self) -> LoaderStats:
         """The loader's snapshot: no workers; waiting for data is loading in this process."""
-        return self._monitor.snapshot([], 0, None, self._followed_as - 1, 1)
+        return self._monitor.snapshot([], 0, None, 1)
 
     def _next_data(self) -> Any:
         monitor = self._monitor
@@ -124,7 +125,7 @@ class SingleProcessIterator(BaseIterator):
 
 
 def _record_final(monitor: IteratorMonitor, latest: LatestStats, number: int) -> None:
-    latest.record_final(number, monitor.snapshot([], 0, None, number - 1, 1))
+    latest.record_final(number, monitor.snapshot([], 0, None, 1))
 
 
 def _deactivate_hooks_in(pid: int) -> None:

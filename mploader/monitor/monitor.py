@@ -18,6 +18,7 @@ import logging
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,8 @@ class WorkerCounters:
 
 
 class IteratorMonitor:
-    def __init__(self, num_workers: int, tracer: Tracer | None) -> None:
+    def __init__(self, num_workers: int, tracer: Tracer | None,
+                 next_epoch: Callable[[], int] | None = None) -> None:
         self.created_at = time.monotonic()
         self.workers = [WorkerCounters(None) for _ in range(num_workers)]
         self.tracer = tracer
@@ -77,6 +79,8 @@ class IteratorMonitor:
         # For the trace: the loader's epoch number and when it began, the start-up span's start
         # and details (None once it ended), the workers ready so far, the task this next() call
         # delivers and the one the consumer holds.
+        # The loader's epoch count (LatestStats.next_epoch); without a loader, the iterator's.
+        self._next_epoch = next_epoch or itertools.count().__next__
         self._epoch = 0
         self._epoch_began: float | None = None
         self._startup_began: float | None = None
@@ -94,8 +98,7 @@ class IteratorMonitor:
             self._end_epoch_span("left")
         self._last_returned_at = None  # time between epochs is not the consumer's step
         self._yielded = None
-        if self.tracer:
-            self._epoch = self.tracer.next_epoch()
+        self._epoch = self._next_epoch()
         self._epoch_began = at if at is not None else time.monotonic()
 
     def startup_began(self, at: float, **details: Any) -> None:
@@ -293,7 +296,7 @@ class IteratorMonitor:
     # -- the snapshot ----------------------------------------------------------------------------
 
     def snapshot(self, workers: list[WorkerView], tasks_in_flight: int, channel: Any,
-                 epoch: int, worker_threads: int) -> LoaderStats:
+                 worker_threads: int) -> LoaderStats:
         now = time.monotonic()
         snapshots = []
         for worker_id, (counters, view) in enumerate(zip(self.workers, workers, strict=True)):
@@ -333,7 +336,7 @@ class IteratorMonitor:
             consumer_seconds=consumer,
             restarts=self.restarts,
             channel=channel,
-            epoch=epoch,
+            epoch=self._epoch,
             elapsed_seconds=now - self.created_at,
             worker_threads=worker_threads,
         )

@@ -173,6 +173,7 @@ class LatestStats:
         self._iterator: Callable[[], Any] | None = None
         self._final: LoaderStats | None = None
         self._followed = 0  # how many iterators were followed: the latest one's number
+        self._epochs_started = 0
 
     def follow(self, iterator: Any) -> int:
         """Answer from ``iterator`` from now on; returns its number for ``record_final``."""
@@ -180,6 +181,13 @@ class LatestStats:
         self._final = None
         self._followed += 1
         return self._followed
+
+    def next_epoch(self) -> int:
+        """The number of an epoch that starts now: 0, 1, 2... over the loader's life (for
+        ``stats().epoch`` and the trace)."""
+        epoch = self._epochs_started
+        self._epochs_started += 1
+        return epoch
 
     def record_final(self, number: int, stats: LoaderStats) -> None:
         """The last snapshot of iterator ``number``; an older iterator's is ignored."""

@@ -68,7 +68,6 @@ class Tracer:
     def __init__(self, path: str) -> None:
         self.path = path
         self.main_pid = os.getpid()
-        self.epochs_started = 0  # the loader's epoch count: the next epoch's number
         self._file = _TraceFile(path)
         self._named: set[int] = set()
         self._name_process(self.main_pid, "main process", 0)
@@ -76,12 +75,6 @@ class Tracer:
                                   "tid": STARTUP_TID, "args": {"name": "start-up"}}])
         # Events not yet written reach the file when the loader is collected or at exit.
         weakref.finalize(self, self._file.flush)
-
-    def next_epoch(self) -> int:
-        """The number of an epoch that starts now: 0, 1, 2... over the loader's life."""
-        epoch = self.epochs_started
-        self.epochs_started += 1
-        return epoch
 
     def _name_process(self, pid: int, name: str, sort_index: int) -> None:
         if pid in self._named:
