@@ -7,7 +7,7 @@ verdict); ``repr()`` keeps every field.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +86,17 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def _count(number: int, one: str, many: str) -> str:
-    return f"{number} {one if number == 1 else many}"
+def count_of(number: int, one: str, many: str | None = None) -> str:
+    """``1 batch``, ``3 batches``."""
+    return f"{number} {one if number == 1 else many or one + 's'}"
+
+
+def aligned_columns(rows: Iterable[tuple[str, ...]]) -> list[str]:
+    """The rows as lines, each column as wide as its widest cell, two spaces between columns."""
+    rows = list(rows)
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
 
 
 def format_megabytes(size: int | None) -> str:
@@ -100,9 +109,9 @@ def _readable_lines(stats: LoaderStats) -> list[str]:
                                      if stats.worker_threads > 1 else "")
              if workers else "no workers")
     lines = [f"loader, epoch {stats.epoch}, {shape}: "
-             f"{_count(stats.batches_delivered, 'batch', 'batches')} delivered in "
+             f"{count_of(stats.batches_delivered, 'batch', 'batches')} delivered in "
              f"{format_seconds(stats.elapsed_seconds)}, {stats.tasks_in_flight} in flight, "
-             f"{_count(stats.restarts, 'restart', 'restarts')}"]
+             f"{count_of(stats.restarts, 'restart', 'restarts')}"]
     if workers:
         rows = [("worker", "pid", "state", "current task", "done", "busy", "RSS / USS MB")]
         for worker in stats.workers:
@@ -114,10 +123,7 @@ def _readable_lines(stats: LoaderStats) -> list[str]:
                 str(worker.tasks_done), "-" if share is None else f"{min(share, 1.0):.0%}",
                 f"{format_megabytes(worker.rss_bytes)} / {format_megabytes(worker.uss_bytes)}",
             ))
-        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-        for row in rows:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
-            lines.append(("  " + "  ".join(cells)).rstrip())
+        lines.extend("  " + line for line in aligned_columns(rows))
     share = stats.wait_share
     lines.append(
         f"  waited for data{'' if workers else ' (loaded here)'} "
@@ -143,7 +149,7 @@ def _channel_line(channel: Any) -> str:
     reuse = f"{hits / (hits + misses):.0%}" if hits + misses else "-"
     waits = sum(pool.wait_seconds for pool in pools)
     return (f"  shared memory: {blocks} blocks ({size / MB:.0f} MB), reuse {reuse}, "
-            f"{_count(channel.live_batches, 'batch', 'batches')} held, "
+            f"{count_of(channel.live_batches, 'batch', 'batches')} held, "
             f"{format_seconds(waits)} waiting for blocks")
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import pwd
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from mploader.monitor.publish import (
     make_private_dir,
     publish_dir,
 )
+from mploader.monitor.stats import aligned_columns, count_of, format_seconds
 
 # ``--once`` waits for every loader to answer the touched watching file: at least one publishing
 # interval (a loader that had no file yet cannot be waited for by name), at most this long.
@@ -129,7 +129,7 @@ def format_frame(processes: list[Published], user: str, now: float | None = None
                 lines.append("  no workers: it loads in its own process (num_workers=0)")
                 continue
             rows = [_WORKER_COLUMNS, *(_worker_fields(worker) for worker in loader["workers"])]
-            lines.extend("  " + line for line in _columns(rows))
+            lines.extend("  " + line for line in aligned_columns(rows))
     return "\n".join(lines) + "\n"
 
 
@@ -138,8 +138,8 @@ def _title(processes: list[Published], user: str, now: float) -> str:
     loaders = sum(len(process.loaders) for process in processes)
     if not loaders:
         return f"mploader top {stamp}: no mploader loaders running for user {user}"
-    return (f"mploader top {stamp}: {_count(loaders, 'loader')} in "
-            f"{_count(len(processes), 'process', 'processes')} of user {user}")
+    return (f"mploader top {stamp}: {count_of(loaders, 'loader')} in "
+            f"{count_of(len(processes), 'process', 'processes')} of user {user}")
 
 
 def _loader_fields(process: Published, loader: dict[str, Any], now: float) -> list[str]:
@@ -166,23 +166,12 @@ def _worker_fields(worker: dict[str, Any]) -> tuple[str, ...]:
         _or_dash(worker["pid"]),
         worker["state"],
         _or_dash(task),
-        f"{worker['task_seconds']:.1f} s" if task is not None else "-",
+        format_seconds(worker["task_seconds"]) if task is not None else "-",
         str(worker["tasks_done"]),
         _megabytes(worker["rss_bytes"]),
         _megabytes(worker["uss_bytes"]),
         _percent(worker.get("cpu_share")),
     )
-
-
-def _columns(rows: Iterable[tuple[str, ...]]) -> list[str]:
-    rows = list(rows)
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
-
-
-def _count(number: int, singular: str, plural: str | None = None) -> str:
-    return f"{number} {singular if number == 1 else plural or singular + 's'}"
 
 
 def _or_dash(value: Any) -> str:
