@@ -55,9 +55,6 @@ class TaskTable:
         self._entries[task_id] = TaskEntry(task_id, worker_id, indices)
         return task_id
 
-    def get(self, task_id: int) -> TaskEntry | None:
-        return self._entries.get(task_id)
-
     def arrive(self, task_id: int, result: Any) -> bool:
         """Store a result; False if the task is unknown or already done (a stale message)."""
         entry = self._entries.get(task_id)
