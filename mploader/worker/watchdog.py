@@ -32,12 +32,22 @@ class ParentWatchdog:
         self.main_pid = main_pid
         self.initial_ppid = os.getppid()
         self.parent_is_zygote = parent_is_zygote
-        self._task_pipe = select.poll()
-        if task_fd >= 0:
-            self._task_pipe.register(task_fd, 0)  # POLLHUP and POLLERR are always reported
+        self._task_fd = task_fd
+        # One poll object per asking thread (the read loop and the watchdog thread ask at the
+        # same time): polling one object from two threads at once is a RuntimeError.
+        self._polls = threading.local()
+
+    def _task_pipe_hung_up(self) -> bool:
+        if self._task_fd < 0:
+            return False
+        poll = getattr(self._polls, "poll", None)
+        if poll is None:
+            poll = self._polls.poll = select.poll()
+            poll.register(self._task_fd, 0)  # POLLHUP and POLLERR are always reported
+        return bool(poll.poll(0))
 
     def parent_alive(self) -> bool:
-        if self._task_pipe.poll(0):
+        if self._task_pipe_hung_up():
             return False
         if not self.parent_is_zygote and os.getppid() != self.initial_ppid:
             return False
