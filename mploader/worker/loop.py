@@ -21,6 +21,7 @@ import faulthandler
 import logging
 import os
 import pickle
+import select
 import signal
 import sys
 import time
@@ -88,6 +89,11 @@ class WorkerLoop:
         self.epoch_error: RemoteError | None = None
         self.fetcher: MapFetcher | IterableFetcher | None = None
         self.watchdog = ParentWatchdog(spec.parent_pid, tasks.fileno(), spec.parent_is_zygote)
+        # Whether the task pipe holds a frame (or was closed): a poll object made once, for the
+        # loop thread, the pipes' only reader (Connection.poll builds a selector per call:
+        # 4.8 us against 0.3 us, twice a task).
+        self.tasks_readable = select.poll()
+        self.tasks_readable.register(tasks.fileno(), select.POLLIN)
         self.channel: WorkerEnd = open_worker_end(
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
             spec.in_flight_per_worker,
@@ -180,7 +186,7 @@ class WorkerLoop:
         """Move every frame already in the pipe (and every finished fetch) into the inbox,
         waiting up to ``timeout``."""
         if self.fetch_threads is None:
-            if not self.tasks.poll(timeout):
+            if not self.tasks_readable.poll(timeout * 1000):
                 return False
         else:
             ready = wait([self.tasks, self.fetch_threads.fileno()], timeout)
@@ -196,7 +202,7 @@ class WorkerLoop:
                 self.inbox.append(Stop())
                 return True
             self.take(message)
-            if not self.tasks.poll(0):
+            if not self.tasks_readable.poll(0):
                 return True
 
     def take(self, message: Any) -> None:
