@@ -207,7 +207,7 @@ class MultiProcessIterator(BaseIterator):
         # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
         self._group.flush_releases()
         task_id = self._table.add(worker_id, indices)
-        self._group.send_task(worker_id, Task(self._group.epoch, task_id, indices))
+        self._group.send(worker_id, Task(self._group.epoch, task_id, indices))
         self._monitor.dispatched(task_id, started)
 
     def _choose_worker(self) -> int | None:
@@ -381,7 +381,7 @@ class MultiProcessIterator(BaseIterator):
         handle = self._group.restart(worker_id, restore)
         self._monitor.worker_replaced(worker_id, handle.pid)
         for entry in held:
-            self._group.send_task(worker_id, Task(self._group.epoch, entry.task_id,
+            self._group.send(worker_id, Task(self._group.epoch, entry.task_id,
                                                   entry.indices))
 
     def stats(self) -> LoaderStats:
@@ -417,7 +417,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _view_of(self, worker_id: int, state: WorkerState) -> WorkerView:
         waiting = len(self._table.arrived_of(worker_id))
-        if state not in (WorkerState.IDLE, WorkerState.BUSY):  # starting, exhausted, ended
+        if state != WorkerState.IDLE:  # starting, exhausted, ended: the group's word
             return WorkerView(state, results_waiting=waiting)
         pending = self._table.pending_of(worker_id)
         if pending:

@@ -46,7 +46,7 @@ class LoaderStats:
     consumer_seconds: float  # between __next__ calls: the training step, as seen from here
     restarts: int
     channel: Any  # the shared-memory channel's statistics, or None with plain pickling
-    epoch: int = 0  # the iterator's epoch (a persistent iterator counts on)
+    epoch: int = 0  # the loader's epoch, counted from 0 over its life
     elapsed_seconds: float = 0.0  # since the iterator was made
     worker_threads: int = 1
 

@@ -32,8 +32,6 @@ from mploader.worker.messages import (
     Release,
     Resume,
     Stop,
-    Task,
-    TaskDone,
     WorkerReady,
 )
 from mploader.worker.resume import WorkerRestore
@@ -69,8 +67,9 @@ class WorkerHandle:
     writer: TaskWriter
     reader: Connection
     sentinel: int
+    # Its lifecycle: starting, idle once ready (whether it is busy follows from the task table:
+    # the iterator's stats()), exhausted, stopping, exited, crashed.
     state: WorkerState = WorkerState.STARTING
-    tasks_held: int = 0  # tasks sent and not yet answered
     exhausted: bool = False  # its iterable dataset ran out in the current epoch
     pid: int | None = None
     reader_open: bool = True
@@ -253,19 +252,14 @@ class WorkerGroup:
 
     # -- talking ---------------------------------------------------------------------------------
 
-    def send_task(self, worker_id: int, task: Task) -> None:
-        handle = self.handles[worker_id]
-        self.send(worker_id, task)
-        handle.tasks_held += 1
-        if handle.state == WorkerState.IDLE:  # a starting one is not busy before it is ready
-            handle.state = WorkerState.BUSY
-
     def start_epoch(self, shared_seed: int | None = None) -> int:
         """Move every worker on to the next epoch (``Resume``); returns the new epoch."""
         self.epoch += 1
         self.template = dataclasses.replace(self.template, shared_seed=shared_seed)  # restarts
         for handle in self.handles:
             handle.exhausted = False
+            if handle.state == WorkerState.EXHAUSTED:
+                handle.state = WorkerState.IDLE
             self.send(handle.worker_id, Resume(self.epoch, shared_seed))
         return self.epoch
 
@@ -341,18 +335,12 @@ class WorkerGroup:
         return events
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
-        """A worker's state follows from what it said: ready, a task answered, exhausted."""
+        """A worker's lifecycle follows from what it said: ready, its iterable dataset ended."""
         if isinstance(message, WorkerReady):
-            handle.state = WorkerState.BUSY if handle.tasks_held else WorkerState.IDLE
-        elif isinstance(message, TaskDone | IterableExhausted):
-            handle.tasks_held = max(0, handle.tasks_held - 1)
-            if isinstance(message, IterableExhausted) and message.epoch == self.epoch:
-                handle.exhausted = True
-                handle.tasks_held = 0  # it ignores the rest of this epoch's tasks: no answers
-            if handle.exhausted:
-                handle.state = WorkerState.EXHAUSTED
-            elif not handle.tasks_held:
-                handle.state = WorkerState.IDLE
+            handle.state = WorkerState.IDLE
+        elif isinstance(message, IterableExhausted) and message.epoch == self.epoch:
+            handle.exhausted = True  # it ignores the rest of this epoch's tasks
+            handle.state = WorkerState.EXHAUSTED
 
     def _close_reader(self, handle: WorkerHandle) -> None:
         if handle.reader_open:
