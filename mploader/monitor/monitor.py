@@ -77,15 +77,14 @@ class IteratorMonitor:
         self._arrived_at: dict[int, float] = {}
         self._last_sample_at = time.monotonic()
         # For the trace: the loader's epoch number and when it began, the start-up span's start
-        # and details (None once it ended), the workers ready so far, the task this next() call
-        # delivers and the one the consumer holds.
+        # and details (None once it ended), the task this next() call delivers and the one the
+        # consumer holds.
         # The loader's epoch count (LatestStats.next_epoch); without a loader, the iterator's.
         self._next_epoch = next_epoch or itertools.count().__next__
         self._epoch = 0
         self._epoch_began: float | None = None
         self._startup_began: float | None = None
         self._startup_details: dict[str, Any] = {}
-        self._ready_at: dict[int, float] = {}
         self._delivering: int | None = None
         self._yielded: int | None = None
 
@@ -217,9 +216,9 @@ class IteratorMonitor:
         if self.tracer:
             self.tracer.span("start-up", pid, self.workers[worker_id].started_at, at,
                              epoch=self._epoch, worker=worker_id)
-        self._ready_at[worker_id] = at
-        if self._startup_began is not None and len(self._ready_at) == len(self.workers):
-            self._end_startup(max(self._ready_at.values()), "every worker ready")
+        ready = [counters.ready_at for counters in self.workers]
+        if self._startup_began is not None and None not in ready:
+            self._end_startup(max(at for at in ready if at is not None), "every worker ready")
 
     def worker_replaced(self, worker_id: int, pid: int | None) -> None:
         self.restarts += 1
