@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class MploaderError(Exception):
+    """Base of every exception mploader raises of its own: ``except mploader.MploaderError``
+    catches them all.  Each is mixed in with the builtin type torch would raise in its place
+    (``RuntimeError``, ``OSError``, ``ValueError``, ``TimeoutError``), so code written against
+    torch's errors keeps working."""
+
+
 class PicklesWithoutInit:
     """Mixin for exceptions whose ``__init__`` takes other arguments than the message.
 

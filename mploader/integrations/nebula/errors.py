@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mploader.errors import PicklesWithoutInit
+from mploader.errors import MploaderError, PicklesWithoutInit
 
 
-class NebulaError(RuntimeError):
+class NebulaError(MploaderError, RuntimeError):
     """Base of the errors raised here."""
 
 
