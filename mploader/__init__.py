@@ -8,21 +8,48 @@ session, and reports worker deaths by name and cause.
 from __future__ import annotations
 
 from mploader._install import install, is_installed, uninstall
+from mploader.channel.shm.errors import (
+    BatchTooLargeError,
+    BlockVanishedError,
+    SharedMemoryError,
+    SharedMemoryFullError,
+)
 from mploader.config import SharedMemoryConfig
-from mploader.errors import RemoteTraceback, WorkerDiedError, WorkerError, ZygoteError
+from mploader.errors import (
+    MploaderError,
+    PoisonTaskError,
+    RemoteTraceback,
+    WorkerDiedError,
+    WorkerError,
+    ZygoteError,
+    ZygoteTimeoutError,
+)
 from mploader.loader import DataLoader
 from mploader.monitor.events import WorkerState
 from mploader.monitor.stats import LoaderStats, WorkerStats
+from mploader.monitor.trace_summary import TraceError
 from mploader.worker.hooks import ProcessLocal, WorkerHooks, worker_session
 from mploader.worker.info import WorkerInfo, get_worker_info
 from mploader.worker.item_random import item_generator
 
+# The NebulaGraph integration's errors are part of the one family too; they are imported on first
+# use, so that ``import mploader`` does not load the integration.
+_NEBULA_ERRORS = ("NebulaAuthError", "NebulaConnectionError", "NebulaError", "NebulaQueryError")
+
 __all__ = [
+    "BatchTooLargeError",
+    "BlockVanishedError",
     "DataLoader",
     "LoaderStats",
+    "MploaderError",
+    *_NEBULA_ERRORS,
+    "PoisonTaskError",
     "ProcessLocal",
     "RemoteTraceback",
     "SharedMemoryConfig",
+    "SharedMemoryError",
+    "SharedMemoryFullError",
+    "TraceError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerHooks",
@@ -30,6 +57,7 @@ __all__ = [
     "WorkerState",
     "WorkerStats",
     "ZygoteError",
+    "ZygoteTimeoutError",
     "get_worker_info",
     "install",
     "is_installed",
@@ -38,4 +66,12 @@ __all__ = [
     "worker_session",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    if name in _NEBULA_ERRORS:
+        from mploader.integrations.nebula import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'mploader' has no attribute {name!r}")
 

@@ -45,7 +45,7 @@ def rebuild_exception(error_type: type[BaseException], args: tuple[Any, ...]) ->
     return error
 
 
-class RemoteTraceback(Exception):
+class RemoteTraceback(MploaderError):
     """The traceback of an exception raised in a worker; set as the re-raised error's cause."""
 
     def __init__(self, text: str) -> None:
@@ -56,32 +56,34 @@ class RemoteTraceback(Exception):
         return self.text
 
 
-class WorkerError(PicklesWithoutInit, RuntimeError):
+class WorkerError(PicklesWithoutInit, MploaderError, RuntimeError):
     """A worker raised an exception that could not travel to the main process as itself."""
 
-    def __init__(self, message: str, original_type: str) -> None:
+    def __init__(self, message: str, original_type: str = "") -> None:
         super().__init__(message)
         self.original_type = original_type
 
 
-class WorkerDiedError(PicklesWithoutInit, RuntimeError):
+class WorkerDiedError(PicklesWithoutInit, MploaderError, RuntimeError):
     """A worker process ended without being asked to (killed by a signal, or exited).
 
     The message starts with torch's own wording (``DataLoader worker (pid N) is killed by signal:
     Killed.``) so code that matches torch's errors keeps working, and goes on with what torch does
     not say: the worker id, the signal name or exit code, the tasks it held, and the likely cause.
+    Built from the message alone (torch's ``ExceptionWrapper`` rebuilds errors as
+    ``exc_type(message)``), the other attributes are unknown: None or empty.
     """
 
     def __init__(
         self,
         message: str,
         *,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
-        task_ids: tuple[int, ...],
-        indices: tuple[Any, ...],
-        likely_cause: str,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        task_ids: tuple[int, ...] = (),
+        indices: tuple[Any, ...] = (),
+        likely_cause: str = "",
     ) -> None:
         super().__init__(message)
         self.worker_id = worker_id
@@ -99,28 +101,35 @@ class WorkerDiedError(PicklesWithoutInit, RuntimeError):
 
 
 class PoisonTaskError(WorkerDiedError):
-    """The same task killed its worker twice: restarting again would loop forever."""
+    """The same task killed its worker twice: restarting again would loop forever.
 
-    def __init__(self, task_id: int, indices: Any, deaths: list[str],
-                 last: WorkerDiedError, others: Sequence[tuple[int, Any]] = ()) -> None:
-        # With worker_threads, several tasks run at once; ``others`` ran beside it both times.
+    ``task_id`` is the task; :meth:`after_deaths` builds the full report."""
+
+    def __init__(self, message: str, *, task_id: int | None = None, **died: Any) -> None:
+        super().__init__(message, **died)
+        self.task_id = task_id
+
+    @classmethod
+    def after_deaths(cls, task_id: int, indices: Any, deaths: list[str], last: WorkerDiedError,
+                     others: Sequence[tuple[int, Any]] = ()) -> PoisonTaskError:
+        """The report for ``task_id``, whose worker died (``deaths``, ``last`` the latest) while
+        running it; ``others`` ran beside it both times (``worker_threads``)."""
         beside = "".join(
             f"; with worker_threads, task {other_id} (indices {other_indices}) was running "
             "beside it at both deaths and may be the cause instead"
             for other_id, other_indices in others
         )
-        super().__init__(
+        return cls(
             f"mploader: task {task_id} (indices {indices}) killed its worker twice "
             f"({'; '.join(deaths)}){beside}; it is a poison task, so it is not retried again. "
             f"Fetch these indices with num_workers=0 to see what happens.\n"
             f"Last death: {last}",
-            worker_id=last.worker_id, pid=last.pid, exitcode=last.exitcode,
+            task_id=task_id, worker_id=last.worker_id, pid=last.pid, exitcode=last.exitcode,
             task_ids=(task_id,), indices=(indices,), likely_cause=last.likely_cause,
         )
-        self.task_id = task_id
 
 
-class ZygoteError(RuntimeError):
+class ZygoteError(MploaderError, RuntimeError):
     """mploader's worker zygote (the warm process that forks spawn/forkserver workers) failed to
     start, died, or stopped answering; the message says how and the way out (``MPLOADER_ZYGOTE=0``
     starts each worker by the start method itself)."""

@@ -34,7 +34,12 @@ from typing import Any
 
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
-from mploader.errors import PicklesWithoutInit, PoisonTaskError, ZygoteTimeoutError
+from mploader.errors import (
+    MploaderError,
+    PicklesWithoutInit,
+    PoisonTaskError,
+    ZygoteTimeoutError,
+)
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.resume import ResumePlan
@@ -374,8 +379,9 @@ class MultiProcessIterator(BaseIterator):
         poisoned = [entry for entry in suspects if len(self._kills[entry.task_id]) >= 2]
         if poisoned:
             culprit, *others = poisoned
-            raise PoisonTaskError(culprit.task_id, culprit.indices, self._kills[culprit.task_id],
-                                  death, [(other.task_id, other.indices) for other in others])
+            raise PoisonTaskError.after_deaths(
+                culprit.task_id, culprit.indices, self._kills[culprit.task_id], death,
+                [(other.task_id, other.indices) for other in others])
         self._restarts_left -= 1
         restore = self._tracker.restart_restore(worker_id) if self._tracker is not None else None
         handle = self._group.restart(worker_id, restore)
@@ -451,7 +457,7 @@ class MultiProcessIterator(BaseIterator):
             self._channel.discard(worker_id, payload)
 
 
-class _TaskError(PicklesWithoutInit, Exception):
+class _TaskError(PicklesWithoutInit, MploaderError):
     """A worker's exception on its way out of ``__next__``; the iterator stays usable."""
 
     def __init__(self, error: BaseException) -> None:

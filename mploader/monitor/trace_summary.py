@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mploader.errors import MploaderError
 from mploader.monitor.events import WorkerEvent
 from mploader.monitor.stats import verdict
 
 STAGES = ("fetch", "collate", "transfer", "reorder wait")
 
 
-class TraceError(Exception):
+class TraceError(MploaderError, ValueError):
     """The file is no trace this command can read; the message says why, in one line."""
 
 

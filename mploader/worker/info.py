@@ -20,8 +20,14 @@ _current_info: WorkerInfo | None = None
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """The current worker's ``id``, ``num_workers``, ``seed`` and ``dataset``; ``None`` outside."""
-    return _current_info
+    """The current worker's ``id``, ``num_workers``, ``seed`` and ``dataset``; ``None`` outside.
+
+    Outside mploader's workers it answers what torch's ``get_worker_info()`` answers, so a dataset
+    written against ``mploader.get_worker_info()`` behaves the same in a torch DataLoader's
+    worker (or wherever torch's ``_worker_info`` is set)."""
+    if _current_info is not None:
+        return _current_info
+    return torch_worker._worker_info
 
 
 def set_worker_info(info: WorkerInfo | None) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from mploader.channel import WorkerEnd, open_worker_end
-from mploader.errors import RemoteError
+from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
 from mploader.worker.datapipes import seed_datapipe
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
@@ -59,7 +59,7 @@ from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 _log = logging.getLogger("mploader")
 
 
-class _StopRequested(Exception):
+class _StopRequested(MploaderError):
     """The main process asked us to stop (or vanished) while we were waiting inside a task."""
 
 
@@ -354,7 +354,7 @@ class WorkerLoop:
         self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-class _Abandon(Exception):
+class _Abandon(MploaderError):
     """A ``Resume`` arrived while a batch waited for memory: drop the batch."""
 
 

@@ -12,6 +12,7 @@ import importlib
 import multiprocessing
 import pickle
 import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -71,19 +72,20 @@ def _private(qualified_name: str) -> Callable[..., BaseException]:
 
 # One representative instance per class, built as mploader builds it.
 SAMPLES: dict[str, Callable[[], BaseException]] = {
+    "mploader.errors.MploaderError": lambda: mploader.MploaderError("something failed"),
     "mploader.errors.RemoteTraceback": lambda: RemoteTraceback('\n"""\nTraceback ...\n"""'),
     "mploader.errors.WorkerError": lambda: WorkerError(
         "Caught mod.Odd in DataLoader worker 0 (pid 7); here is its text: odd", "mod.Odd"
     ),
     "mploader.errors.WorkerDiedError": _died,
-    "mploader.errors.PoisonTaskError": lambda: PoisonTaskError(
+    "mploader.errors.PoisonTaskError": lambda: PoisonTaskError.after_deaths(
         5, [10, 11], ["pid 1: SIGKILL", "pid 2: SIGKILL"], _died()
     ),
     "mploader.channel.shm.errors.SharedMemoryError": lambda: SharedMemoryError("pool broken"),
-    "mploader.channel.shm.errors.SharedMemoryFullError": lambda: SharedMemoryFullError(
+    "mploader.channel.shm.errors.SharedMemoryFullError": lambda: SharedMemoryFullError.for_block(
         "/dev/shm", 1 << 30, 1 << 20
     ),
-    "mploader.channel.shm.errors.BatchTooLargeError": lambda: BatchTooLargeError(
+    "mploader.channel.shm.errors.BatchTooLargeError": lambda: BatchTooLargeError.for_batch(
         1 << 33, 1 << 31, 4
     ),
     "mploader.channel.shm.errors.BlockVanishedError": lambda: BlockVanishedError(
@@ -184,3 +186,63 @@ def test_raised_in_a_child_process_and_shipped_back() -> None:
             with pytest.raises(BaseException) as caught:
                 result.get(timeout=30)
             assert_same_exception(sample(name), caught.value)
+
+
+# --- One error family (issue 18) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_derives_from_the_one_base(name: str) -> None:
+    assert issubclass(exception_classes()[name], mploader.MploaderError)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_public_classes_are_exported_from_mploader(name: str) -> None:
+    cls = exception_classes()[name]
+    if cls.__name__.startswith("_"):
+        return  # private control flow of one module, never seen by users
+    assert cls.__name__ in mploader.__all__
+    assert getattr(mploader, cls.__name__) is cls
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_built_from_one_message(name: str) -> None:
+    """torch's ``ExceptionWrapper`` (and torch's own test helpers) rebuild an error from a worker
+    as ``exc_type(message)``; that must work for every class, and the copy still pickles."""
+    cls = exception_classes()[name]
+    if cls.__name__.startswith("_"):
+        return
+    error = cls("Caught it in DataLoader worker process 0.\nOriginal Traceback ...")
+    assert "Caught it in DataLoader worker process 0." in str(error)
+    error.add_note("a note")
+    assert_same_exception(error, pickle.loads(pickle.dumps(error)))
+
+
+def test_torch_exception_wrapper_rebuilds_a_worker_death() -> None:
+    """The path of torch's ``test_segfault``: the child's error is wrapped, shipped, and rebuilt
+    as ``exc_type(exc_msg)``; it is a RuntimeError whose text is torch's."""
+    from torch._utils import ExceptionWrapper
+
+    try:
+        raise _died()
+    except WorkerDiedError:
+        wrapper = pickle.loads(pickle.dumps(ExceptionWrapper(where="in a test process")))
+    rebuilt = wrapper.exc_type(wrapper.exc_msg)
+    assert isinstance(rebuilt, RuntimeError)
+    assert re.search(r"DataLoader worker \(pid \d+\) is killed by signal: ", str(rebuilt))
+
+
+def _packages() -> list[str]:
+    return ["mploader"] + [
+        info.name for info in pkgutil.walk_packages(mploader.__path__, "mploader.")
+        if info.ispkg
+    ]
+
+
+@pytest.mark.parametrize("package", _packages())
+def test_all_is_honest(package: str) -> None:
+    """``from package import *`` works: every name in ``__all__`` exists."""
+    module = importlib.import_module(package)
+    names = getattr(module, "__all__", [])
+    assert len(names) == len(set(names)), f"{package}.__all__ repeats a name"
+    exec(f"from {package} import *", {})

@@ -141,6 +141,26 @@ def test_both_get_worker_info_answer_in_workers(start_method: str, channel: bool
     assert torch.utils.data.get_worker_info() is None
 
 
+def test_mploader_worker_info_answers_in_torch_workers() -> None:
+    """A dataset written against ``mploader.get_worker_info()`` shards the same under torch's
+    DataLoader: the info falls back to torch's own (torch's ``test_default_collate_shared_tensor``
+    sets torch's ``_worker_info`` by hand and expects the same)."""
+    loader = torch.utils.data.DataLoader(WorkerInfoAgreement(), batch_size=3, num_workers=2,
+                                         multiprocessing_context="fork")
+    batches = list(loader)
+    assert [batch[1].tolist() for batch in batches] == [[True] * 3, [True] * 3]
+    assert [batch[2].tolist() for batch in batches] == [[0] * 3, [1] * 3]
+    from torch.utils.data._utils import worker as torch_worker
+
+    saved = torch_worker._worker_info
+    try:
+        torch_worker._worker_info = "x"  # type: ignore[assignment]
+        assert mploader.get_worker_info() == "x"
+    finally:
+        torch_worker._worker_info = saved
+    assert mploader.get_worker_info() is None
+
+
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 def test_main_process_random_modules_untouched(start_method: str, channel: bool) -> None:
     """Like torch's, mploader's iterator draws from no ``random``/numpy state in the main process

@@ -22,11 +22,9 @@ __all__ = [
     "ChannelStatistics",
     "MainChannel",
     "PoolStatistics",
-    "SharedMemoryConfig",
     "SharedMemoryError",
     "SharedMemoryFullError",
     "WorkerChannel",
     "new_loader_tag",
-    "resolve_shared_memory",
     "sweep_orphans",
 ]

@@ -87,7 +87,7 @@ def create_block(name: str, size: int) -> Mapping:
     """
     available = free_bytes()
     if size > available:
-        raise SharedMemoryFullError(SHM_DIRECTORY, size, available)
+        raise SharedMemoryFullError.for_block(SHM_DIRECTORY, size, available)
     path = block_path(name)
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -95,7 +95,7 @@ def create_block(name: str, size: int) -> Mapping:
             os.posix_fallocate(descriptor, 0, size)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise SharedMemoryFullError(SHM_DIRECTORY, size, free_bytes()) from error
+                raise SharedMemoryFullError.for_block(SHM_DIRECTORY, size, free_bytes()) from error
             raise
         mapping = _map(descriptor, size, populate=False)
     except BaseException:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 
+from mploader.errors import MploaderError, PicklesWithoutInit
+
 # The knobs a user can turn, named once so every message offers the same ways out.
 _WAYS_OUT = (
     "pass a smaller budget with shared_memory=mploader.SharedMemoryConfig(budget_bytes=...), "
@@ -16,7 +18,7 @@ _WAYS_OUT = (
 )
 
 
-class SharedMemoryError(RuntimeError):
+class SharedMemoryError(MploaderError, RuntimeError):
     """Base class of the channel's own errors."""
 
 
@@ -25,45 +27,56 @@ class SharedMemoryFullError(SharedMemoryError, OSError):
 
     Raised when the block is created (never later as SIGBUS), so the worker reports it like any
     other exception. It is both a ``RuntimeError`` and an ``OSError`` with ``errno.ENOSPC``.
+    :meth:`for_block` writes the message from the numbers.
     """
 
-    def __init__(self, directory: str, needed_bytes: int, free_bytes: int) -> None:
-        message = (
-            f"{directory} is too full for mploader's shared-memory pool: a block needs "
-            f"{_format_bytes(needed_bytes)} but only {_format_bytes(free_bytes)} are free. "
-            f"Ways out: {_WAYS_OUT}."
-        )
+    def __init__(self, message: str, *, directory: str | None = None,
+                 needed_bytes: int | None = None, free_bytes: int | None = None) -> None:
         OSError.__init__(self, errno.ENOSPC, message)
         self.directory = directory
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
 
+    @classmethod
+    def for_block(cls, directory: str, needed_bytes: int, free_bytes: int) -> SharedMemoryFullError:
+        return cls(
+            f"{directory} is too full for mploader's shared-memory pool: a block needs "
+            f"{_format_bytes(needed_bytes)} but only {_format_bytes(free_bytes)} are free. "
+            f"Ways out: {_WAYS_OUT}.",
+            directory=directory, needed_bytes=needed_bytes, free_bytes=free_bytes,
+        )
+
     def __str__(self) -> str:
         return str(self.strerror)
 
     def __reduce__(self):  # OSError's reduce would rebuild from (errno, strerror) and lose fields
-        # __init__ runs again (it sets OSError's errno and strerror); __dict__ brings the notes.
-        return type(self), (self.directory, self.needed_bytes, self.free_bytes), self.__dict__
+        # __init__ runs again (it sets OSError's errno); __dict__ brings the fields and the notes.
+        return type(self), (self.strerror,), self.__dict__
 
 
-class BatchTooLargeError(SharedMemoryError, ValueError):
-    """One batch needs more shared memory than its worker's share of the budget."""
+class BatchTooLargeError(PicklesWithoutInit, SharedMemoryError, ValueError):
+    """One batch needs more shared memory than its worker's share of the budget.
+    :meth:`for_batch` writes the message from the numbers."""
 
-    def __init__(self, needed_bytes: int, worker_budget_bytes: int, num_workers: int) -> None:
-        super().__init__(
-            f"a batch needs {_format_bytes(needed_bytes)} of shared memory but each of the "
-            f"{num_workers} worker(s) may use at most {_format_bytes(worker_budget_bytes)} "
-            f"(SharedMemoryConfig.budget_bytes is divided evenly among the workers). Raise it with "
-            f"shared_memory=mploader.SharedMemoryConfig(budget_bytes=...), use fewer workers, "
-            f"or pass shared_memory=False."
-        )
+    def __init__(self, message: str, *, needed_bytes: int | None = None,
+                 worker_budget_bytes: int | None = None, num_workers: int | None = None) -> None:
+        super().__init__(message)
         self.needed_bytes = needed_bytes
         self.worker_budget_bytes = worker_budget_bytes
         self.num_workers = num_workers
 
-    def __reduce__(self):
-        return (type(self), (self.needed_bytes, self.worker_budget_bytes, self.num_workers),
-                self.__dict__)
+    @classmethod
+    def for_batch(cls, needed_bytes: int, worker_budget_bytes: int,
+                  num_workers: int) -> BatchTooLargeError:
+        return cls(
+            f"a batch needs {_format_bytes(needed_bytes)} of shared memory but each of the "
+            f"{num_workers} worker(s) may use at most {_format_bytes(worker_budget_bytes)} "
+            f"(SharedMemoryConfig.budget_bytes is divided evenly among the workers). Raise it with "
+            f"shared_memory=mploader.SharedMemoryConfig(budget_bytes=...), use fewer workers, "
+            f"or pass shared_memory=False.",
+            needed_bytes=needed_bytes, worker_budget_bytes=worker_budget_bytes,
+            num_workers=num_workers,
+        )
 
 
 class BlockVanishedError(SharedMemoryError):

@@ -226,7 +226,7 @@ class BlockPool:
         if size > self.budget_bytes:
             size = -(-nbytes // _PAGE) * _PAGE  # no rounding to a class: fit the budget exactly
         if size > self.budget_bytes:
-            raise BatchTooLargeError(nbytes, self.budget_bytes, self._num_workers)
+            raise BatchTooLargeError.for_batch(nbytes, self.budget_bytes, self._num_workers)
         return size
 
     def _find_free_block(self, nbytes: int) -> Block | None:

@@ -20,7 +20,7 @@ class NebulaAuthError(NebulaError):
 class NebulaQueryError(PicklesWithoutInit, NebulaError):
     """A statement failed; ``code`` is graphd's ``ErrorCode``, ``statement`` what was sent."""
 
-    def __init__(self, message: str, code: int, statement: str) -> None:
+    def __init__(self, message: str, code: int | None = None, statement: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.statement = statement
