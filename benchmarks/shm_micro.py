@@ -32,17 +32,6 @@ from mploader.config import SharedMemoryConfig
 CROSSOVER_SIZES = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20]
 
 
-def _no_wait(timeout: float) -> list[tuple[int, int]]:
-    return []
-
-
-def _collect_into(releases: list[tuple[int, int]]) -> Callable[[int, int, int], None]:
-    def on_release(worker_id: int, block_id: int, generation: int, retire: bool = False) -> None:
-        releases.append((block_id, generation))
-
-    return on_release
-
-
 def measure_costs() -> None:
     torch.set_num_threads(1)  # as in a worker
     workloads: list[tuple[str, Callable[[], Any], bool, int]] = [
@@ -65,22 +54,17 @@ def measure_costs() -> None:
     ]
     tag = new_loader_tag()
     for name, make, collate, repeats in workloads:
-        releases: list[tuple[int, int]] = []
         worker = WorkerChannel(SharedMemoryConfig(), 0, 1, tag)
-        main = MainChannel(SharedMemoryConfig(), tag, _collect_into(releases))
+        main = MainChannel(SharedMemoryConfig(), tag)
         data = make()
         timings = []
         for _ in range(repeats + 2):
             started = time.perf_counter()
-            if collate:
-                payload = worker.collate_and_encode(data, _no_wait)
-            else:
-                payload = worker.encode(data, _no_wait)
+            payload = worker.collate_and_encode(data) if collate else worker.encode(data)
             batch = main.decode(0, payload)
             del batch
-            for block_id, generation in releases:
-                worker.release(block_id, generation)
-            releases.clear()
+            for release in main.take_releases():
+                worker.release(release.block_id, release.generation)
             timings.append(time.perf_counter() - started)
         steady = timings[2:]  # the first batches create and map blocks
         print(
@@ -104,7 +88,7 @@ def _crossover_worker(connection: Any, tag: str, threshold: int, nbytes: int) ->
                 return
             for block_id, generation in releases:
                 worker.release(block_id, generation)
-            connection.send_bytes(worker.encode(batch, _no_wait))
+            connection.send_bytes(worker.encode(batch))
 
 
 def _crossover_one(threshold: int, nbytes: int, rounds: int) -> float:
@@ -113,14 +97,13 @@ def _crossover_one(threshold: int, nbytes: int, rounds: int) -> float:
     tag = new_loader_tag()
     process = context.Process(target=_crossover_worker, args=(theirs, tag, threshold, nbytes))
     process.start()
-    pending: list[tuple[int, int]] = []
     config = SharedMemoryConfig(inline_threshold=threshold)
-    with MainChannel(config, tag, lambda w, b, g: pending.append((b, g))) as main:
+    with MainChannel(config, tag) as main:
         timings = []
         for _ in range(rounds):
             started = time.perf_counter()
-            ours.send(pending[:])
-            pending.clear()
+            ours.send([(release.block_id, release.generation)
+                       for release in main.take_releases()])
             batch = main.decode(0, ours.recv_bytes())
             float(batch[:: 1024].sum())  # touch every 4 KiB page once
             del batch

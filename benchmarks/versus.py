@@ -464,7 +464,7 @@ def channel_summary(iterator: Any) -> dict[str, Any] | None:
         "reuse_hits": sum(pool.reuse_hits for pool in pools),
         "reuse_misses": sum(pool.reuse_misses for pool in pools),
         "pool_bytes": sum(pool.bytes for pool in pools),
-        "waits": sum(pool.waits for pool in pools),
+        "beyond_budget": sum(pool.spills for pool in pools),
     }
 
 
@@ -818,8 +818,8 @@ def describe_channel(channel: dict[str, Any] | None) -> str:
     return (
         f"shm: {channel['shm_leaves']} block leaves, {channel['inline_leaves']} inline, "
         f"pool reuse {channel['reuse_hits']} hits / {channel['reuse_misses']} misses, "
-        f"{channel['pool_bytes'] / 2**20:.0f} MiB pooled, {channel['waits']} budget waits "
-        f"(last repetition)"
+        f"{channel['pool_bytes'] / 2**20:.0f} MiB pooled, "
+        f"{channel['beyond_budget']} blocks beyond the budget (last repetition)"
     )
 
 

@@ -9,7 +9,7 @@ the iterator call it, never the other way round.
 
 from __future__ import annotations
 
-from mploader.channel.protocol import MainEnd, OnRelease, WaitForRelease, WorkerEnd
+from mploader.channel.protocol import BlockRelease, MainEnd, WorkerEnd
 from mploader.config import SharedMemoryConfig
 
 
@@ -18,7 +18,7 @@ def open_worker_end(
     worker_id: int,
     num_workers: int,
     loader_tag: str,
-    pipeline_depth: int | None = None,
+    pipeline_depth: int,
 ) -> WorkerEnd:
     """A worker's end: plain pickling when ``config`` is None, else the worker's block pool.
     ``pipeline_depth``: at most this many of the worker's batches are in flight at once (the
@@ -32,9 +32,7 @@ def open_worker_end(
     return WorkerChannel(config, worker_id, num_workers, loader_tag, pipeline_depth)
 
 
-def open_main_end(
-    config: SharedMemoryConfig | None, loader_tag: str, on_release: OnRelease
-) -> MainEnd:
+def open_main_end(config: SharedMemoryConfig | None, loader_tag: str) -> MainEnd:
     """The main process's end, matching :func:`open_worker_end`."""
     if config is None:
         from mploader.channel.plain import PlainMainEnd
@@ -42,8 +40,7 @@ def open_main_end(
         return PlainMainEnd()
     from mploader.channel.shm import MainChannel
 
-    return MainChannel(config, loader_tag, on_release)
+    return MainChannel(config, loader_tag)
 
 
-__all__ = ["MainEnd", "OnRelease", "WaitForRelease", "WorkerEnd", "open_main_end",
-           "open_worker_end"]
+__all__ = ["BlockRelease", "MainEnd", "WorkerEnd", "open_main_end", "open_worker_end"]

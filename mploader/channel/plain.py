@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mploader.channel.collate import collate_samples
-from mploader.channel.protocol import WaitForRelease
+from mploader.channel.protocol import BlockRelease
 from mploader.channel.tensors import by_value_dispatch_table
 
 
 class PlainWorkerEnd:
-    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes:
+    """A worker's end that pickles each batch into its message."""
+
+    def encode(self, batch: Any) -> bytes:
         """The batch pickled by value; tensors torch's workers refuse to send are refused."""
         buffer = io.BytesIO()
         pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -21,10 +23,10 @@ class PlainWorkerEnd:
         pickler.dump(batch)
         return buffer.getvalue()
 
-    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+    def collate_and_encode(self, samples: list[Any]) -> bytes:
         # torch's in-worker default_collate allocates a shared-memory segment per tensor, which
         # pickling would copy out again: stack into ordinary memory instead.
-        return self.encode(collate_samples(samples, into_block=False), wait_for_release)
+        return self.encode(collate_samples(samples, into_block=False))
 
     def release(self, block_id: int, generation: int) -> None:
         raise AssertionError("plain pickling holds no shared-memory blocks")
@@ -43,6 +45,8 @@ class PlainWorkerEnd:
 
 
 class PlainMainEnd:
+    """The main process's end that unpickles each batch."""
+
     def decode(self, worker_id: int, payload: bytes) -> Any:
         return pickle.loads(payload)
 
@@ -53,6 +57,9 @@ class PlainMainEnd:
         self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
     ) -> None:
         pass
+
+    def take_releases(self) -> list[BlockRelease]:
+        return []
 
     def statistics(self) -> None:
         return None

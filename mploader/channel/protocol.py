@@ -8,29 +8,27 @@ channel (pickling) and the shared-memory channel both implement them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
-
-# Blocks the worker's pool may reuse: given a timeout, returns (block_id, generation) pairs the
-# main process released (an empty list when none came in time).
-WaitForRelease = Callable[[float], Iterable[tuple[int, int]]]
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 
-
-class OnRelease(Protocol):
-    """Main side: called when no view of a block is left in the main process.  ``retire``: a
+class BlockRelease(NamedTuple):
+    """No view of a block is left in the main process: the worker may reuse it.  ``retire``: a
     forked child may still hold views of it (it had live views at a fork), so the worker must
     never reuse it, only drop it."""
 
-    def __call__(
-        self, worker_id: int, block_id: int, generation: int, retire: bool = False
-    ) -> None: ...
+    worker_id: int
+    block_id: int
+    generation: int
+    retire: bool = False
 
 
 class WorkerEnd(Protocol):
-    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes: ...
+    """A worker's end of the channel."""
 
-    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+    def encode(self, batch: Any) -> bytes: ...
+
+    def collate_and_encode(self, samples: list[Any]) -> bytes:
         """torch's ``default_collate`` of ``samples``, encoded; the same values and errors."""
         ...
 
@@ -52,6 +50,8 @@ class WorkerEnd(Protocol):
 
 
 class MainEnd(Protocol):
+    """The main process's end of the channel."""
+
     def decode(self, worker_id: int, payload: bytes) -> Any: ...
 
     def discard(self, worker_id: int, payload: bytes) -> None:
@@ -63,6 +63,11 @@ class MainEnd(Protocol):
     ) -> None:
         """A worker process has ended: remove what only it could have cleaned up, except what
         the ``undelivered`` payloads received from it (still to decode or discard) need."""
+        ...
+
+    def take_releases(self) -> list[BlockRelease]:
+        """The blocks released since the last call, for the caller to send to their workers.
+        Releases travel up as data: the channel never calls the layer above."""
         ...
 
     def statistics(self) -> Any: ...

@@ -101,9 +101,7 @@ class MultiProcessIterator(BaseIterator):
         # Lightning callback).  Events that stats() read but may not handle wait here.
         self._lock = threading.RLock()
         self._deferred: list[Event] = []
-        self._channel = open_main_end(
-            settings.shared_memory, self._tag, self._group.queue_release
-        )
+        self._channel = open_main_end(settings.shared_memory, self._tag)
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         # This iterator's number with the loader: its final snapshot counts only if it is the last
@@ -210,7 +208,7 @@ class MultiProcessIterator(BaseIterator):
             return
         # Blocks the consumer has let go of must reach the worker before its next task, or it
         # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
-        self._group.flush_releases()
+        self._group.send_releases(self._channel.take_releases())
         task_id = self._table.add(worker_id, indices)
         self._group.send(worker_id, Task(self._group.epoch, task_id, indices))
         self._monitor.dispatched(task_id, started)
@@ -275,6 +273,7 @@ class MultiProcessIterator(BaseIterator):
                     return self._deliver(entry)
                 if self._table.pending_count() == 0:
                     self._end_epoch()
+            self._group.send_releases(self._channel.take_releases())
             events = self._group.wait(self._remaining(deadline))
             if not events and deadline is not None and time.monotonic() >= deadline:
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")

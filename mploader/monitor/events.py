@@ -16,7 +16,6 @@ class WorkerState(StrEnum):
 
     STARTING = "starting"  # started, its ``worker_init_fn`` and hooks not yet done
     IDLE = "idle"  # no task of ours in hand, no result of its waiting for the consumer
-    READY = "idle"  # the name of IDLE before stats() told finished results apart
     BUSY = "busy"  # working on a task (fetching, collating, encoding)
     RESULT_WAITING = "result waiting"  # its tasks are done; their batches wait for the consumer
     EXHAUSTED = "exhausted"  # its iterable dataset ran out this epoch

@@ -147,10 +147,10 @@ def _channel_line(channel: Any) -> str:
     hits = sum(pool.reuse_hits for pool in pools)
     misses = sum(pool.reuse_misses for pool in pools)
     reuse = f"{hits / (hits + misses):.0%}" if hits + misses else "-"
-    waits = sum(pool.wait_seconds for pool in pools)
+    beyond = sum(pool.spills for pool in pools)
     return (f"  shared memory: {blocks} blocks ({size / MB:.0f} MB), reuse {reuse}, "
             f"{count_of(channel.live_batches, 'batch', 'batches')} held, "
-            f"{format_seconds(waits)} waiting for blocks")
+            f"{count_of(beyond, 'block', 'blocks')} beyond the budget")
 
 
 def process_memory(pid: int | None) -> tuple[int | None, int | None, float | None, float | None]:

@@ -15,13 +15,13 @@ import select
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from mploader.channel import BlockRelease
 from mploader.channel.forking import forking_a_worker
 from mploader.monitor.events import WorkerState
 from mploader.process import inherited_fds, sigchld, zygote
@@ -107,7 +107,6 @@ class WorkerGroup:
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
         self.closed = False
-        self._releases: deque[tuple[int, int, int, bool]] = deque()
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
         # Held by whoever waits on the workers.  Shutdown holds it throughout, so that another
@@ -268,18 +267,12 @@ class WorkerGroup:
         handle.writer.send(message)
         self.waiter.watch_writable(handle.writer.fd, handle.writer.has_pending)
 
-    def queue_release(self, worker_id: int, block_id: int, generation: int,
-                      retire: bool = False) -> None:
-        """Called by the channel, possibly from a GC finalizer in any thread: never blocks."""
-        if self.closed or os.getpid() != self.owner_pid:
+    def send_releases(self, releases: list[BlockRelease]) -> None:
+        """Hand blocks the main process let go of back to their workers, one message each."""
+        if not releases or self.closed:
             return
-        self._releases.append((worker_id, block_id, generation, retire))
-        self.waiter.wake()
-
-    def flush_releases(self) -> None:
         by_worker: dict[int, Release] = {}
-        while self._releases:
-            worker_id, block_id, generation, retire = self._releases.popleft()
+        for worker_id, block_id, generation, retire in releases:
             release = by_worker.setdefault(worker_id, Release([]))
             (release.retired if retire else release.blocks).append((block_id, generation))
         for worker_id, release in by_worker.items():
@@ -302,7 +295,6 @@ class WorkerGroup:
             return self._wait(timeout)
 
     def _wait(self, timeout: float | None) -> list[Event]:
-        self.flush_releases()
         events: list[Event] = []
         for fd, _mask in self.waiter.wait(timeout):
             kind, handle = self._by_fd.get(fd, ("", None))
@@ -440,7 +432,6 @@ class WorkerGroup:
             self._close_reader(handle)
             inherited_fds.remove_main_side_fds(handle.writer.fd)
             handle.writer.close()
-        self._releases.clear()
         self.waiter.close()
 
     def note_child_exit(self) -> None:

@@ -87,13 +87,6 @@ def helper_pids() -> list[int]:
         return [z.process.pid for (pid, _), z in _instances.items() if pid == os.getpid()]
 
 
-def helper_fds() -> list[int]:
-    """fds this process keeps for its zygotes (the socket, the process sentinel)."""
-    with _instances_lock:
-        return [fd for (pid, _), z in _instances.items() if pid == os.getpid()
-                for fd in z.fds()]
-
-
 def readable(fds: list[int], timeout: float | None) -> set[int]:
     """The fds among ``fds`` that are readable (or at EOF), waiting up to ``timeout`` seconds
     (None: until one is).  ``poll(2)``: any fd number works, unlike ``select(2)``'s first 1024."""
@@ -139,11 +132,6 @@ class Zygote:
 
     def alive(self) -> bool:
         return not (self.gone or self.broken) and bool(self.process.is_alive())
-
-    def fds(self) -> list[int]:
-        if self.socket.fileno() < 0:
-            return []
-        return [self.socket.fileno(), self.process.sentinel]
 
     # -- requests ----------------------------------------------------------------------------------
 

@@ -227,24 +227,6 @@ class WorkerLoop:
         for block_id, generation in retiring:
             self.channel.retire(block_id, generation)
 
-    def wait_for_release(self, timeout: float) -> list[tuple[int, int]]:
-        """Called by the shared-memory pool when it is over budget: block for returned blocks."""
-        deadline = time.monotonic() + timeout
-        while not self.released and not self.retiring:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            read = self.read_pipe(min(remaining, CHECK_INTERVAL_SECONDS))
-            if any(isinstance(m, Stop) for m in self.inbox) or (
-                not read and not self.watchdog.parent_alive()
-            ):
-                raise _StopRequested
-            if any(isinstance(m, Resume) for m in self.inbox):
-                raise _Abandon
-        self.apply_retirements()  # frees budget, though no block comes back for reuse
-        released, self.released = self.released, []
-        return released
-
     # -- doing the work --------------------------------------------------------------------------
 
     def handle(self, message: Any) -> None:
@@ -311,13 +293,9 @@ class WorkerLoop:
         spec = self.spec
         try:
             if spec.auto_collation and spec.uses_default_collate:
-                payload = self.channel.collate_and_encode(samples, self.wait_for_release)
+                payload = self.channel.collate_and_encode(samples)
             else:
-                payload = self.channel.encode(spec.collate_fn(samples), self.wait_for_release)
-        except _Abandon:
-            return  # a new epoch began while this batch waited for memory: nobody wants it
-        except _StopRequested:
-            raise
+                payload = self.channel.encode(spec.collate_fn(samples))
         except Exception as error:
             self.send_error(task, error)
             return
@@ -352,10 +330,6 @@ class WorkerLoop:
         if payload is not None:
             message.payload = payload
         self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-class _Abandon(MploaderError):
-    """A ``Resume`` arrived while a batch waited for memory: drop the batch."""
 
 
 if __name__ == "__main__":  # pragma: no cover

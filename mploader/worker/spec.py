@@ -30,7 +30,7 @@ class WorkerSpec:
     parent_pid: int
     epoch: int
     # At most this many tasks of one worker are in flight (prefetch_factor x worker_threads).
-    in_flight_per_worker: int | None = None
+    in_flight_per_worker: int
     # Under fork, the main-process ends of *other* workers' pipes are inherited too; the worker
     # closes them so that a pipe's EOF means what it says.
     inherited_fds_to_close: InheritedFds = ()

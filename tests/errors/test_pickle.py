@@ -107,7 +107,6 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "mploader.worker.loop._StopRequested": lambda: _private(
         "mploader.worker.loop._StopRequested"
     )(),
-    "mploader.worker.loop._Abandon": lambda: _private("mploader.worker.loop._Abandon")(),
     "mploader.errors.ZygoteError": lambda: ZygoteError(
         "mploader's spawn zygote (pid 77) died; MPLOADER_ZYGOTE=0 starts workers directly"
     ),

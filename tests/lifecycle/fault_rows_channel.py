@@ -242,8 +242,8 @@ def _keeping_loader(start_method: str, length: int, **kwargs) -> mploader.DataLo
     )
 
 
-def _pool_waits(iterator) -> float:
-    return sum(pool.wait_seconds for pool in iterator.stats().channel.workers)
+def _blocks_beyond_budget(iterator) -> int:
+    return sum(pool.spills for pool in iterator.stats().channel.workers)
 
 
 def _sliding_window_does_not_stall(start_method: str) -> None:
@@ -261,8 +261,8 @@ def _sliding_window_does_not_stall(start_method: str) -> None:
             values.append(int(batch[0]))
         assert all(_intact(kept, value) for kept, value in zip(window, values[-8:], strict=True))
         assert values == list(range(40))
-        waited = _pool_waits(iterator)
-        assert waited < 0.5, f"workers waited {waited:.1f} s for blocks"
+        # 8 kept MiB against 4 MiB: the pools went beyond the budget instead of stalling
+        assert _blocks_beyond_budget(iterator) > 0
     finally:
         iterator._shutdown_workers()
 

@@ -19,8 +19,9 @@ def names_of(loader_tag: str) -> list[str]:
 class Loopback:
     """A WorkerChannel and a MainChannel in one process, releases routed back by hand.
 
-    ``pending`` collects what ``on_release`` reported; ``wait_for_release`` hands them to the
-    worker the way the worker loop would, and ``deliver_releases`` applies them directly.
+    ``pending`` holds the releases the main end queued (``take_releases``) and the test has not
+    handed back yet; ``deliver_releases`` applies them to the worker end, as the worker loop
+    would.  Retirements (a fork child may read the block) go to the worker at once.
     """
 
     def __init__(
@@ -31,36 +32,29 @@ class Loopback:
     ) -> None:
         self.config = SharedMemoryConfig() if config is None else config
         self.tag = new_loader_tag()
-        self.pending: list[tuple[int, int, int]] = []
+        self._pending: list[tuple[int, int, int]] = []
         self.worker = WorkerChannel(self.config, worker_id, num_workers, self.tag)
-        self.main = MainChannel(self.config, self.tag, self._on_release)
-        self.wait_calls: list[float] = []
+        self.main = MainChannel(self.config, self.tag)
 
-    def _on_release(self, worker_id: int, block_id: int, generation: int,
-                    retire: bool = False) -> None:
-        if retire:  # a fork child may read it: the worker drops it at once
-            self.worker.retire(block_id, generation)
-            return
-        self.pending.append((worker_id, block_id, generation))
-
-    def wait_for_release(self, timeout: float) -> list[tuple[int, int]]:
-        self.wait_calls.append(timeout)
-        if not self.pending:  # one process: nothing else could release a block
-            raise RuntimeError("the worker would wait forever for a block release")
-        released = [(block_id, generation) for _, block_id, generation in self.pending]
-        self.pending.clear()
-        return released
+    @property
+    def pending(self) -> list[tuple[int, int, int]]:
+        for worker_id, block_id, generation, retire in self.main.take_releases():
+            if retire:
+                self.worker.retire(block_id, generation)
+            else:
+                self._pending.append((worker_id, block_id, generation))
+        return self._pending
 
     def deliver_releases(self) -> None:
         for _, block_id, generation in self.pending:
             self.worker.release(block_id, generation)
-        self.pending.clear()
+        self._pending.clear()
 
     def roundtrip(self, batch: Any) -> Any:
-        return self.main.decode(0, self.worker.encode(batch, self.wait_for_release))
+        return self.main.decode(0, self.worker.encode(batch))
 
     def collate(self, samples: list[Any]) -> Any:
-        return self.main.decode(0, self.worker.collate_and_encode(samples, self.wait_for_release))
+        return self.main.decode(0, self.worker.collate_and_encode(samples))
 
     def close(self) -> None:
         self.worker.close()
@@ -111,13 +105,6 @@ def serve(connection: Any, config: SharedMemoryConfig, worker_id: int, tag: str)
 
     torch.set_num_threads(1)  # as torch's worker loop does; forked OpenMP pools would hang
 
-    def wait_for_release(timeout: float) -> list[tuple[int, int]]:
-        if not connection.poll(timeout):
-            return []
-        message = connection.recv()
-        assert message[0] == "release", message
-        return message[1]
-
     channel = WorkerChannel(config, worker_id, 1, tag)
     try:
         while True:
@@ -127,9 +114,9 @@ def serve(connection: Any, config: SharedMemoryConfig, worker_id: int, tag: str)
             for block_id, generation in message[-1]:
                 channel.release(block_id, generation)
             if message[0] == "batch":
-                payload = channel.encode(make_batch(message[1], message[2]), wait_for_release)
+                payload = channel.encode(make_batch(message[1], message[2]))
             else:
-                payload = channel.collate_and_encode(make_samples(message[1]), wait_for_release)
+                payload = channel.collate_and_encode(make_samples(message[1]))
             connection.send_bytes(payload)
     finally:
         channel.close()
@@ -142,8 +129,8 @@ def own_block_then_wait(connection: Any, config: SharedMemoryConfig) -> None:
 
     torch.set_num_threads(1)
     tag = new_loader_tag()
-    main = MainChannel(config, tag, lambda *release: None)  # holds the loader's lock  # noqa: F841
+    main = MainChannel(config, tag)  # holds the loader's lock  # noqa: F841
     channel = WorkerChannel(config, 0, 1, tag)
-    channel.encode(make_batch("big", 1), lambda timeout: [])
+    channel.encode(make_batch("big", 1))
     connection.send(tag)
     connection.recv()  # never answered: the test kills us here

@@ -115,7 +115,7 @@ def test_matches_default_collate_with_plain_pickling(name):
     worker = PlainWorkerEnd()
     main = PlainMainEnd()
     samples = SAMPLE_TABLE[name]
-    received = main.decode(0, worker.collate_and_encode(samples, lambda timeout: []))
+    received = main.decode(0, worker.collate_and_encode(samples))
     assert_same(received, default_collate(samples))
 
 

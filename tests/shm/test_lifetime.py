@@ -114,7 +114,7 @@ def test_tensor_pickled_to_another_process_leaves_the_block(loop):
 
 
 def test_discard_releases_without_mapping(loop):
-    payload = loop.worker.encode(fresh_batch(1.0), loop.wait_for_release)
+    payload = loop.worker.encode(fresh_batch(1.0))
     loop.main.discard(0, payload)
     assert len(loop.pending) == 1
     assert loop.main.statistics().mapped_blocks == 0
@@ -168,9 +168,9 @@ def test_the_worker_keeps_no_reference_to_an_encoded_batch(loop):
             item = torch.ones(BIG)
             alive = weakref.ref(item)
             if collate:
-                payload = loop.worker.collate_and_encode([item, item], loop.wait_for_release)
+                payload = loop.worker.collate_and_encode([item, item])
             else:
-                payload = loop.worker.encode({"x": item}, loop.wait_for_release)
+                payload = loop.worker.encode({"x": item})
             del item
             assert alive() is None
             batch = loop.main.decode(0, payload)

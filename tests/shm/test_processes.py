@@ -22,22 +22,17 @@ class RemoteWorker:
     def __init__(self, start_method: str, config: SharedMemoryConfig | None = None) -> None:
         self.config = config or SharedMemoryConfig()
         self.tag = new_loader_tag()
-        self.releases: list[tuple[int, int]] = []
-        self.main = MainChannel(self.config, self.tag, self._on_release)
+        self.main = MainChannel(self.config, self.tag)
         context = multiprocessing.get_context(start_method)
         self.connection, theirs = context.Pipe()
         self.process = context.Process(target=serve, args=(theirs, self.config, 0, self.tag))
         self.process.start()
         theirs.close()
 
-    def _on_release(self, worker_id: int, block_id: int, generation: int,
-                    retire: bool = False) -> None:
-        assert not retire, "these tests fork no child while holding a batch"
-        self.releases.append((block_id, generation))
-
     def _take_releases(self) -> list[tuple[int, int]]:
-        releases, self.releases = self.releases, []
-        return releases
+        releases = self.main.take_releases()
+        assert not any(release.retire for release in releases), "no child forked holding a batch"
+        return [(release.block_id, release.generation) for release in releases]
 
     def request(self, kind: str, value: int) -> bytes:
         self.connection.send(("batch", kind, value, self._take_releases()))
@@ -95,7 +90,7 @@ def test_killed_worker_is_forgotten_and_its_names_removed():
         assert torch.equal(batch["x"], torch.full((2_000_000,), 1.0))  # still readable
         assert worker.main.statistics().mapped_blocks == 0
         del batch
-        assert worker.releases == []  # nobody to tell
+        assert worker.main.take_releases() == []  # nobody to tell
     finally:
         worker.stop()
 
@@ -107,7 +102,7 @@ def test_killed_main_process_is_swept():
     process.start()
     tag = ours.recv()
     assert len(names_of(tag)) == 1
-    with MainChannel(SharedMemoryConfig(), new_loader_tag(), lambda *args: None):
+    with MainChannel(SharedMemoryConfig(), new_loader_tag()):
         live = RemoteWorker("fork")  # a live loader of ours: the sweep must leave it alone
         try:
             live.request("big", 1)

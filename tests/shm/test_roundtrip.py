@@ -174,12 +174,12 @@ def test_inline_threshold_is_respected():
 def test_plain_pickling_without_config():
     from mploader.channel import open_main_end, open_worker_end
 
-    worker = open_worker_end(None, 0, 1, "1-plain")
-    main = open_main_end(None, "1-plain", lambda *args: None)
+    worker = open_worker_end(None, 0, 1, "1-plain", pipeline_depth=2)
+    main = open_main_end(None, "1-plain")
     batch = {"x": torch.arange(5), "y": [np.ones(2), "s"]}
-    received = main.decode(0, worker.encode(batch, lambda timeout: []))
+    received = main.decode(0, worker.encode(batch))
     assert torch.equal(received["x"], batch["x"]) and received["y"][1] == "s"
-    collated = main.decode(0, worker.collate_and_encode([1, 2], lambda timeout: []))
+    collated = main.decode(0, worker.collate_and_encode([1, 2]))
     assert torch.equal(collated, torch.tensor([1, 2]))
     worker.close()
     main.close()

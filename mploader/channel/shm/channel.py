@@ -2,18 +2,19 @@
 
 A worker encodes each batch into a payload (bytes for its result queue): small leaves inline,
 large ones copied once into a block of its pool. The main process decodes payloads into batches
-whose tensors and arrays are views on the mapped blocks, and reports through ``on_release`` when
-the last view of a batch is gone, so the worker can reuse the block. ::
+whose tensors and arrays are views on the mapped blocks, and queues a release when the last view
+of a batch is gone, so the worker can reuse the block. ::
 
     worker                                   main
     ------                                   ----
     encode(batch) -> acquire block,          decode(payload) -> map block once (cache by id),
       copy leaves, payload                     unlink its name, build views; a lease object per
                                                batch owns the views' memory
-    release(block_id, generation)  <--core--  on_release(worker_id, block_id, generation)
-                                               when the lease is garbage-collected
+    release(block_id, generation)  <--task--  take_releases(): the releases queued when leases
+                                     pipe      were garbage-collected
 
-Releases travel through the core (the worker's control pipe), not through this module.
+Releases travel up as data: the process layer drains :meth:`MainChannel.take_releases` and sends
+them down the worker's task pipe; this module never calls the layer above.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from mploader.channel.collate import collate_samples
 from mploader.channel.forking import forking_own_worker
-from mploader.channel.protocol import OnRelease, WaitForRelease
+from mploader.channel.protocol import BlockRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.errors import BlockVanishedError
@@ -50,10 +52,9 @@ _SEQUENCE_MASK = (1 << 32) - 1  # block_id = worker_pid << 32 | sequence
 class WorkerChannel:
     """The worker's end: turns batches into payloads, owning the worker's pool of blocks.
 
-    ``wait_for_release(timeout)`` (given by the worker loop) is called only while the pool is out
-    of budget; it blocks up to ``timeout`` seconds on the worker's control pipe and returns the
-    ``(block_id, generation)`` releases that arrived. The channel applies them itself; releases the
-    loop reads at other times it passes to :meth:`release`. Applying one twice is harmless.
+    The worker loop passes on the releases it reads from its task pipe (:meth:`release`,
+    :meth:`retire`); applying one twice is harmless.  ``pipeline_depth``: at most this many of
+    the worker's batches are in flight at once (the loader's prefetch factor).
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class WorkerChannel:
         worker_id: int,
         num_workers: int,
         loader_tag: str,
-        pipeline_depth: int | None = None,
+        pipeline_depth: int = 2,
     ) -> None:
         check_loader_tag(loader_tag)
         self.worker_id = worker_id
@@ -78,17 +79,17 @@ class WorkerChannel:
         self._messages = 0
         self._closed = False
 
-    def encode(self, batch: Any, wait_for_release: WaitForRelease) -> bytes:
+    def encode(self, batch: Any) -> bytes:
         """Serialize ``batch`` (any picklable object) into a payload for ``MainChannel.decode``."""
         self._check_open()
         encoder = LeafEncoder(self._config.inline_threshold)
         body = encoder.encode(batch)
-        return self._finish(encoder, body, wait_for_release)
+        return self._finish(encoder, body)
 
-    def collate_and_encode(self, samples: list[Any], wait_for_release: WaitForRelease) -> bytes:
+    def collate_and_encode(self, samples: list[Any]) -> bytes:
         """``encode(default_collate(samples))``, with tensors stacked straight into the block."""
         self._check_open()
-        return self.encode(collate_samples(samples, into_block=True), wait_for_release)
+        return self.encode(collate_samples(samples, into_block=True))
 
     def release(self, block_id: int, generation: int) -> None:
         """The main process holds no view of this block any more (stale releases are ignored)."""
@@ -104,7 +105,7 @@ class WorkerChannel:
             worker_id=self.worker_id, worker_pid=self._worker_pid, budget_bytes=pool.budget_bytes,
             blocks=pool.blocks, bytes=pool.bytes, blocks_in_use=pool.blocks_in_use,
             reuse_hits=pool.reuse_hits, reuse_misses=pool.reuse_misses,
-            evictions=pool.evictions, waits=pool.waits, wait_seconds=pool.wait_seconds,
+            evictions=pool.evictions,
             inline_leaves=self._inline_leaves, shm_leaves=self._block_leaves,
             messages=self._messages, stale_releases=pool.stale_releases, spills=pool.spills,
         )
@@ -140,11 +141,11 @@ class WorkerChannel:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _finish(self, encoder: LeafEncoder, body: bytes, wait_for_release: WaitForRelease) -> bytes:
-        """Place the block leaves (waiting for a block if need be) and prepend the envelope."""
+    def _finish(self, encoder: LeafEncoder, body: bytes) -> bytes:
+        """Place the block leaves into a block of the pool and prepend the envelope."""
         block_ref = None
         if encoder.block_bytes:
-            block = self._pool.acquire(encoder.block_bytes, wait_for_release)
+            block = self._pool.acquire(encoder.block_bytes)
             try:
                 encoder.fill(block.array)
             except BaseException:
@@ -183,7 +184,8 @@ class _WorkerIncarnation:
 
 
 class _ReleaseRoute:
-    """Carries lease finalizations to ``on_release``; shared by all leases of one channel.
+    """Queues lease finalizations as :class:`BlockRelease` records for ``take_releases``;
+    shared by all leases of one channel.
 
     Finalizers run in whatever thread drops the last view, possibly inside a garbage collection
     that interrupts this channel's own code, hence a re-entrant lock. In a forked child (which
@@ -194,8 +196,8 @@ class _ReleaseRoute:
     *retired* when our last view goes, never handed back for reuse.
     """
 
-    def __init__(self, on_release: OnRelease) -> None:
-        self.on_release = on_release
+    def __init__(self) -> None:
+        self.pending: deque[BlockRelease] = deque()  # appended by finalizers, drained by the owner
         self.lock = threading.RLock()
         self.open = True
         self.main_pid = os.getpid()
@@ -223,10 +225,15 @@ class _ReleaseRoute:
             self.inherited.discard(key)
             if not (self.open and incarnation.alive):
                 return
-            if inherited:
-                self.on_release(incarnation.worker_id, block_id, generation, retire=True)
-            else:
-                self.on_release(incarnation.worker_id, block_id, generation)
+            self.pending.append(
+                BlockRelease(incarnation.worker_id, block_id, generation, retire=inherited))
+
+    def take(self) -> list[BlockRelease]:
+        """Every queued release, oldest first (``popleft`` is atomic against finalizers)."""
+        taken = []
+        while self.pending:
+            taken.append(self.pending.popleft())
+        return taken
 
 
 # Every live channel's route, told about each fork of this process before it happens.
@@ -264,13 +271,11 @@ class _Lease:
 class MainChannel:
     """The main process's end: decodes payloads into zero-copy batches, one per iterator."""
 
-    def __init__(
-        self, config: SharedMemoryConfig, loader_tag: str, on_release: OnRelease
-    ) -> None:
+    def __init__(self, config: SharedMemoryConfig, loader_tag: str) -> None:
         check_loader_tag(loader_tag)
         self._loader_tag = loader_tag
         self._lock = LoaderLock(loader_tag, create=True)  # "alive", for every sweeper
-        self._route = _ReleaseRoute(on_release)
+        self._route = _ReleaseRoute()
         self._workers: dict[int, _WorkerIncarnation] = {}
         # Ended workers (by pid) whose received results still wait to be decoded or discarded.
         self._departed: dict[int, _WorkerIncarnation] = {}
@@ -280,6 +285,11 @@ class MainChannel:
         self._discards = 0
         self._leases = 0
         self._closed = False
+
+    def take_releases(self) -> list[BlockRelease]:
+        """The blocks whose last view died since the last call, for their workers to reuse
+        (or, ``retire``, to drop)."""
+        return self._route.take()
 
     def decode(self, worker_id: int, payload: bytes) -> Any:
         """The batch in ``payload``; its block leaves are views on the (cached) mapped block."""

@@ -7,13 +7,11 @@ the worker's share of the budget: over budget the pool first reuses any free blo
 then evicts free blocks of other size classes.
 
 When neither makes room, every block is held by a batch that is either in flight or kept by the
-consumer. Inside a loader the pool knows how many batches are in flight (``pipeline_depth``, the
-prefetch factor), and the loader never dispatches more, so nothing is gained by waiting: a
-consumer that keeps batches (a sliding window, a list of every batch) would only stall the worker
-until it gives up waiting. The pool *grows* instead (once per worker it says so, with the numbers)
-and gives the memory back as batches are dropped, keeping only what the pipeline reuses. Without
-a known depth (the channel used on its own) it waits for a release, and goes over budget only
-after ``SPILL_AFTER_SECONDS``.
+consumer. The pool knows how many batches are in flight (``pipeline_depth``, the prefetch
+factor), and the loader never dispatches more, so nothing is gained by waiting: a consumer that
+keeps batches (a sliding window, a list of every batch) would only stall the worker. The pool
+*grows* instead (once per worker it says so, with the numbers) and gives the memory back as
+batches are dropped, keeping only what the pipeline reuses.
 """
 
 from __future__ import annotations
@@ -21,13 +19,11 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from mploader.channel.protocol import WaitForRelease
 from mploader.channel.shm import block as shm_block
 from mploader.channel.shm.errors import (
     BatchTooLargeError,
@@ -38,25 +34,9 @@ from mploader.channel.shm.names import block_name, unlink_loader_names, unlink_q
 
 _PAGE = 4096
 
-# One wait_for_release call blocks at most this long before the pool looks again.
-_WAIT_SLICE_SECONDS = 0.25
-
-# Over budget, a worker waits this long for the consumer to drop a batch (backpressure); past it,
-# the consumer is taken to be *keeping* batches (appending them to a list), and the worker spills:
-# it creates a block beyond the budget rather than wait forever.  Spilled memory goes back as soon
-# as batches are dropped (a released block is evicted while the pool is over budget).  Two
-# seconds is longer than a normal training step's hold on one batch, and short enough that a
-# consumer keeping every batch sees a slower loader, not a hung one.
-SPILL_AFTER_SECONDS = 2.0
-
 # A free block up to this many times the size class a batch needs is reused rather than creating
 # a new block while under budget; larger ones would waste memory for the batch's lifetime.
 _REUSE_OVERSIZE_FACTOR = 2
-
-# If wait_for_release returns empty handed well before its timeout (a closed pipe, say), sleep
-# for this long before asking again, so a broken callback cannot make us spin.
-_EMPTY_WAIT_SLEEP_SECONDS = 0.01
-
 
 def size_class(nbytes: int, min_block_bytes: int) -> int:
     """Round ``nbytes`` up to a size class: ``min_block_bytes`` or 1.25, 1.5, 1.75, 2 x 2**k.
@@ -95,7 +75,7 @@ class BlockPool:
         num_workers: int,
         budget_bytes: int,
         min_block_bytes: int,
-        pipeline_depth: int | None = None,
+        pipeline_depth: int,
     ) -> None:
         self.worker_id = worker_id
         self._pipeline_depth = pipeline_depth
@@ -112,42 +92,25 @@ class BlockPool:
         # sees every name this pool ever made, the one being created included.
         self._create_lock = threading.Lock()
         self._abandoned = False
-        self._warned_spill = False
-        self._spilling = False  # spilled, and the consumer has dropped nothing since
-        self.spills = 0
+        self._warned_growth = False
+        self.spills = 0  # blocks created beyond the budget
         self.bytes = 0
         self.reuse_hits = 0
         self.reuse_misses = 0
         self.evictions = 0
-        self.waits = 0
-        self.wait_seconds = 0.0
         self.stale_releases = 0
 
     # -- the two operations the channel needs ----------------------------------------------
 
-    def acquire(self, nbytes: int, wait_for_release: WaitForRelease) -> Block:
-        """A block of at least ``nbytes``, marked in use with a new generation.
-
-        Blocks (through ``wait_for_release``) while the budget is exhausted and no free block fits.
-        """
-        wait_started: float | None = None
-        while True:
-            block = self._find_free_block(nbytes)
-            if block is None and self._pipeline_depth is not None:
-                block = self._grow(nbytes)
-            if block is None and (self._spilling or (
-                wait_started is not None
-                and time.monotonic() - wait_started >= SPILL_AFTER_SECONDS
-            )):
-                block = self._spill(nbytes, time.monotonic() - (wait_started or time.monotonic()))
-            if block is None:
-                wait_started = self._wait(wait_for_release, wait_started)
-                continue
-            if wait_started is not None:
-                self.wait_seconds += time.monotonic() - wait_started
-            block.generation += 1
-            block.in_use = True
-            return block
+    def acquire(self, nbytes: int) -> Block:
+        """A block of at least ``nbytes``, marked in use with a new generation: a free one, a new
+        one within the budget, or (every block being held by a batch) one beyond it."""
+        block = self._find_free_block(nbytes)
+        if block is None:
+            block = self._grow(nbytes)
+        block.generation += 1
+        block.in_use = True
+        return block
 
     def release(self, block_id: int, generation: int) -> None:
         """The main process holds no view of ``block_id`` any more; it may be reused.
@@ -161,7 +124,6 @@ class BlockPool:
             return
         block.in_use = False
         block.last_used = next(self._clock)
-        self._spilling = False
         if self.bytes > self.budget_bytes:  # grown or spilled earlier: give the excess back now
             self._evict_until(max(self.budget_bytes, self._kept_while_over_budget(block.size)))
 
@@ -171,8 +133,6 @@ class BlockPool:
         next one, so that a consumer keeping a steady number of batches reuses blocks rather
         than making a new one for every batch."""
         in_use = sum(block.size for block in self._blocks.values() if block.in_use)
-        if self._pipeline_depth is None:
-            return in_use
         return in_use + (self._pipeline_depth + 1) * block_size
 
     def retire(self, block_id: int, generation: int) -> None:
@@ -188,7 +148,6 @@ class BlockPool:
         self.bytes -= block.size
         self.evictions += 1
         self._retired.append(block_id)
-        self._spilling = False
 
     def take_retired(self) -> tuple[int, ...]:
         """Block ids evicted since the last call, for the main process to unmap."""
@@ -300,29 +259,15 @@ class BlockPool:
             self.evictions += 1
             self._retired.append(block.block_id)
 
-    def _wait(self, wait_for_release: WaitForRelease, wait_started: float | None) -> float:
-        """Block for releases once; returns when the wait (all rounds of it) started."""
-        now = time.monotonic()
-        if wait_started is None:
-            wait_started = now
-            self.waits += 1
-        released = list(wait_for_release(_WAIT_SLICE_SECONDS))
-        for block_id, generation in released:
-            self.release(block_id, generation)
-        after = time.monotonic()
-        if not released and after - now < _WAIT_SLICE_SECONDS / 2:
-            time.sleep(_EMPTY_WAIT_SLEEP_SECONDS)
-        return wait_started
-
     def _grow(self, nbytes: int) -> Block:
         """A block beyond the budget at once: every block is held by a batch in flight or kept
         by the consumer, and the loader dispatches no more than ``pipeline_depth`` batches, so
         waiting would only stall."""
         self.spills += 1
-        if not self._warned_spill:
-            self._warned_spill = True
+        if not self._warned_growth:
+            self._warned_growth = True
             held = self.blocks_in_use
-            depth = self._pipeline_depth or 0
+            depth = self._pipeline_depth
             warnings.warn(
                 f"mploader worker {self.worker_id} (pid {self.worker_pid}): all {held} "
                 f"shared-memory blocks of its pool ({self.bytes} bytes, budget "
@@ -331,25 +276,6 @@ class BlockPool:
                 f"the consumer keeps. The pool goes over budget for them instead of waiting, and "
                 f"gives the memory back as batches are dropped. To stay within the budget, copy "
                 f"what you keep (batch.clone()), or raise SharedMemoryConfig(budget_bytes=...).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return self._create(self._size_for(nbytes))
-
-    def _spill(self, nbytes: int, waited: float) -> Block:
-        """A block beyond the budget, because the consumer keeps batches (see SPILL_AFTER)."""
-        self.spills += 1
-        self._spilling = True
-        if not self._warned_spill:
-            self._warned_spill = True
-            warnings.warn(
-                f"mploader worker {self.worker_id} (pid {self.worker_pid}) waited "
-                f"{waited:.1f} s for a free shared-memory block: all {self.bytes} bytes of its "
-                f"budget ({self.budget_bytes} bytes) are held by batches the main process still "
-                "references, so it is going over budget instead of waiting. The extra memory "
-                "is given back as those batches are dropped. Drop batches you no longer need "
-                "(or copy what you keep: batch.clone()), or raise "
-                "SharedMemoryConfig(budget_bytes=...).",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -11,9 +11,9 @@ class PoolStatistics:
 
     blocks/bytes: blocks currently held and their total size; blocks_in_use: of those, handed out
     and not yet released; reuse_hits/reuse_misses: batches that found a free block / had to create
-    one; evictions: free blocks removed to make room for another size class; waits/wait_seconds:
-    times the worker blocked for a release because the budget was exhausted, and for how long;
-    spills: blocks created beyond the budget because the consumer kept batches past the wait.
+    one; evictions: free blocks removed to make room for another size class; spills: blocks
+    created beyond the budget because every block was held by a batch (in flight, or kept by the
+    consumer)
     """
 
     worker_id: int
@@ -25,8 +25,6 @@ class PoolStatistics:
     reuse_hits: int
     reuse_misses: int
     evictions: int
-    waits: int
-    wait_seconds: float
     inline_leaves: int
     shm_leaves: int
     messages: int
