@@ -27,7 +27,8 @@ from torch.utils.data import (
 from torch.utils.data._utils import collate as torch_collate
 
 from mploader.iterator.datapipes import apply_shuffle, wrap_for_serialization
-from mploader.monitor.stats import LatestStats, LoaderStats
+from mploader.iterator.latest import LatestStats
+from mploader.monitor.stats import LoaderStats
 from mploader.worker.hooks import WorkerHooks
 
 T_co = TypeVar("T_co", covariant=True)

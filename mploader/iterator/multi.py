@@ -40,15 +40,16 @@ from mploader.errors import (
     PoisonTaskError,
     ZygoteTimeoutError,
 )
+from mploader.iterator import publisher
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
+from mploader.iterator.latest import LatestStats
 from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
-from mploader.monitor import publish
 from mploader.monitor.events import WorkerEvent, WorkerState
 from mploader.monitor.monitor import IteratorMonitor, WorkerView
-from mploader.monitor.stats import LatestStats, LoaderStats
+from mploader.monitor.stats import LoaderStats
 from mploader.process import zygote
 from mploader.process.death import worker_died_error
 from mploader.process.group import Event, WorkerGroup
@@ -88,9 +89,8 @@ class MultiProcessIterator(BaseIterator):
         self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
                                   self._timeout)
         latest = settings.latest_stats
-        self._monitor = IteratorMonitor(self._num_workers, settings.tracer,
-                                        latest.next_epoch if latest is not None else None)
-        self._monitor.epoch_started(constructed_at)
+        self._monitor = IteratorMonitor(self._num_workers, settings.tracer)
+        self._monitor.epoch_started(self._loader_epoch(), constructed_at)
         start_method = context.get_start_method()
         self._monitor.startup_began(
             constructed_at, start_method=start_method,
@@ -120,7 +120,7 @@ class MultiProcessIterator(BaseIterator):
             self._raise_as_torch_timeout(error)
             raise
         self._monitor.workers_started(self._group.worker_pids(), launched_at)
-        publish.register(self)  # for `python -m mploader top`, until shutdown
+        publisher.register(self)  # for `python -m mploader top`, until shutdown
 
     def _spec_template(self) -> WorkerSpec:
         """The spec every worker shares; the group fills in the worker id and the epoch."""
@@ -159,7 +159,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _shutdown_workers(self) -> None:
         self._shutdown = True
-        publish.unregister(self)
+        publisher.unregister(self)
         self._finalizer()
 
     # -- epochs ----------------------------------------------------------------------------------
@@ -167,15 +167,21 @@ class MultiProcessIterator(BaseIterator):
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         if not first_iter:
-            self._monitor.epoch_started()
             for entry in self._table.reset():
                 self._discard_entry(entry)
             self._group.start_epoch(self._shared_seed)
+            self._monitor.epoch_started(self._loader_epoch())
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         if first_iter and self._resume_plan is not None:
             self._resume_epoch(self._resume_plan)
         for _ in range(self._prefetch_factor * self._num_workers * self._worker_threads):
             self._dispatch_one()
+
+    def _loader_epoch(self) -> int:
+        """The number of the loader's epoch that begins now (a torch loader, which keeps no
+        count: the iterator's)."""
+        latest = self._loader_settings.latest_stats
+        return latest.next_epoch() if latest is not None else self._group.epoch
 
     def _resume_epoch(self, plan: ResumePlan) -> None:
         """Pick up a loaded state's epoch: its task numbers, its next worker, its sampler."""
@@ -492,13 +498,13 @@ def _shut_down(
     if os.getpid() != group.owner_pid:
         return  # a forked child collecting its copy of the iterator: the workers are not its own
 
-    def discard(event: Event) -> None:
-        if isinstance(event.message, TaskDone) and event.payload is not None:
-            channel.discard(event.worker_id, event.payload)
-
+    drained: list[Event] = []
     try:
-        group.shutdown(discard, urgent=urgency[0])
+        drained = group.shutdown(urgent=urgency[0])
     finally:
+        for event in drained:
+            if isinstance(event.message, TaskDone) and event.payload is not None:
+                channel.discard(event.worker_id, event.payload)
         if latest is not None:  # what DataLoader.stats() answers once this iterator is gone
             try:
                 latest.record_final(followed_as, monitor.snapshot(

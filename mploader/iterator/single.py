@@ -12,13 +12,14 @@ import time
 import weakref
 from typing import Any
 
+from mploader.iterator import publisher
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
+from mploader.iterator.latest import LatestStats
 from mploader.iterator.settings import LoaderSettings
-from mploader.monitor import publish
 from mploader.monitor.events import TaskTimings
 from mploader.monitor.monitor import IteratorMonitor
-from mploader.monitor.stats import LatestStats, LoaderStats
+from mploader.monitor.stats import LoaderStats
 from mploader.worker.fetch import make_fetcher
 from mploader.worker.hooks import activate_hooks, deactivate_hooks
 from mploader.worker.info import make_worker_info
@@ -54,13 +55,13 @@ class SingleProcessIterator(BaseIterator):
             self._tracker.follow_fetcher(self._fetcher)
         # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().
         latest = settings.latest_stats
-        self._monitor = IteratorMonitor(0, settings.tracer,
-                                        latest.next_epoch if latest is not None else None)
-        self._monitor.epoch_started(constructed_at)
+        self._monitor = IteratorMonitor(0, settings.tracer)
+        self._monitor.epoch_started(latest.next_epoch() if latest is not None else 0,
+                                    constructed_at)
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
             weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
-        publish.register(self)  # for `python -m mploader top`, until the epoch ends
+        publisher.register(self)  # for `python -m mploader top`, until the epoch ends
 
     def stats(self) -> LoaderStats:
         """The loader's snapshot: no workers; waiting for data is loading in this process."""
@@ -97,7 +98,7 @@ class SingleProcessIterator(BaseIterator):
             fetched = time.monotonic()
             data = self._collate_fn(samples)
         except StopIteration:
-            publish.unregister(self)
+            publisher.unregister(self)
             self._close_hooks()
             if tracker is not None:
                 tracker.epoch_ended()

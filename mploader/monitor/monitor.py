@@ -18,7 +18,6 @@ import logging
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +59,7 @@ class WorkerCounters:
 
 
 class IteratorMonitor:
-    def __init__(self, num_workers: int, tracer: Tracer | None,
-                 next_epoch: Callable[[], int] | None = None) -> None:
+    def __init__(self, num_workers: int, tracer: Tracer | None) -> None:
         self.created_at = time.monotonic()
         self.workers = [WorkerCounters(None) for _ in range(num_workers)]
         self.tracer = tracer
@@ -79,9 +77,7 @@ class IteratorMonitor:
         # For the trace: the loader's epoch number and when it began, the start-up span's start
         # and details (None once it ended), the task this next() call delivers and the one the
         # consumer holds.
-        # The loader's epoch count (LatestStats.next_epoch); without a loader, the iterator's.
-        self._next_epoch = next_epoch or itertools.count().__next__
-        self._epoch = 0
+        self._epoch = 0  # the loader's epoch under way, as the iterator said (epoch_started)
         self._epoch_began: float | None = None
         self._startup_began: float | None = None
         self._startup_details: dict[str, Any] = {}
@@ -90,14 +86,14 @@ class IteratorMonitor:
 
     # -- epochs and start-up ---------------------------------------------------------------------
 
-    def epoch_started(self, at: float | None = None) -> None:
-        """An epoch begins (an iterator made, or a persistent one reset): the loader's next
-        epoch number, for every event of the epoch."""
+    def epoch_started(self, epoch: int, at: float | None = None) -> None:
+        """Epoch ``epoch`` of the loader begins (an iterator made, or a persistent one reset):
+        its number goes on every event of the epoch."""
         if self._epoch_began is not None:  # the consumer left the last epoch before its end
             self._end_epoch_span("left")
         self._last_returned_at = None  # time between epochs is not the consumer's step
         self._yielded = None
-        self._epoch = self._next_epoch()
+        self._epoch = epoch
         self._epoch_began = at if at is not None else time.monotonic()
 
     def startup_began(self, at: float, **details: Any) -> None:

@@ -15,7 +15,6 @@ import select
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -364,18 +363,22 @@ class WorkerGroup:
 
     # -- stopping --------------------------------------------------------------------------------
 
-    def shutdown(self, discard: Callable[[Event], None] | None = None,
-                 urgent: bool = False) -> None:
-        """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent."""
+    def shutdown(self, urgent: bool = False) -> list[Event]:
+        """Ask every worker to stop, wait once for all, then terminate stragglers.  Idempotent.
+
+        Returns the results read while waiting (drained so that a worker blocked writing can
+        see ``Stop``), for the caller to discard."""
         with self._lock:
             if self.closed or os.getpid() != self.owner_pid:
-                return  # already done, or a copy inherited by a forked child: not ours to stop
+                return []  # already done, or a copy inherited by a forked child: not ours
             self.closed = True
         self.waiter.wake()  # another thread blocked in wait() returns and lets go of the lock
+        drained: list[Event] = []
         with self._wait_lock:
-            self._shut_down(discard, urgent)
+            self._stop_workers(urgent, drained)
+        return drained
 
-    def _shut_down(self, discard: Callable[[Event], None] | None, urgent: bool) -> None:
+    def _stop_workers(self, urgent: bool, drained: list[Event]) -> None:
         try:
             for handle in self.handles:
                 if handle.pid is None:  # prepared, never started (a start failed or never came)
@@ -386,7 +389,7 @@ class WorkerGroup:
                     handle.writer.send(Stop())
                     handle.writer.flush()
             deadline = URGENT_DEADLINE_SECONDS if urgent else SHUTDOWN_DEADLINE_SECONDS
-            self._wait_for_exits(deadline, discard)
+            self._wait_for_exits(deadline, drained)
             for handle in self.handles:
                 if not handle.ended and handle.process.is_alive():
                     _log.log(
@@ -395,7 +398,7 @@ class WorkerGroup:
                         handle.worker_id, handle.pid, deadline,
                     )
                     handle.process.terminate()
-            self._wait_for_exits(TERMINATE_GRACE_SECONDS, discard)
+            self._wait_for_exits(TERMINATE_GRACE_SECONDS, drained)
             for handle in self.handles:
                 if not handle.ended and handle.process.is_alive():
                     handle.process.kill()
@@ -403,8 +406,7 @@ class WorkerGroup:
         finally:
             self._release_resources()
 
-    def _wait_for_exits(self, seconds: float,
-                        discard: Callable[[Event], None] | None) -> None:
+    def _wait_for_exits(self, seconds: float, drained: list[Event]) -> None:
         deadline = time.monotonic() + seconds
         while any(not handle.ended for handle in self.handles):
             remaining = deadline - time.monotonic()
@@ -417,8 +419,8 @@ class WorkerGroup:
                                     else WorkerState.CRASHED)
                     _log.debug("worker %d (pid %s) exited with %s", handle.worker_id,
                                handle.pid, handle.process.exitcode)
-                elif discard is not None:
-                    discard(event)  # drained so a worker blocked writing can see Stop
+                else:
+                    drained.append(event)
 
     def _release_resources(self) -> None:
         sigchld.unregister(self)  # first: the SIGCHLD handler must not wake a closed waiter

@@ -20,6 +20,7 @@ import pytest
 
 import mploader
 from mploader.__main__ import main as cli
+from mploader.iterator import publisher
 from mploader.monitor import publish, top
 
 from .conftest import wait_until_gone
@@ -145,7 +146,7 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         os.utime(directory / publish.WATCHING_FILE, (old, old))
     if case == "MPLOADER_PUBLISH=0":
         monkeypatch.setenv("MPLOADER_PUBLISH", "0")
-    monkeypatch.setattr(publish, "_publisher", publish.Publisher())  # reads MPLOADER_PUBLISH
+    monkeypatch.setattr(publisher, "_publisher", publisher.Publisher())  # reads MPLOADER_PUBLISH
     seen: set[str] = set()
     frames: list[str] = []
 
