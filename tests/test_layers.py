@@ -134,7 +134,7 @@ def find_upward_callables(run: Callable[[], None]) -> list[str]:
 
     found: set[str] = set()
 
-    def profile(frame, event, arg):  # noqa: ANN001
+    def profile(frame, event, arg):
         if event != "call":
             return
         callee = _layer_of_code(frame.f_code.co_filename)
