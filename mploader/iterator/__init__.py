@@ -4,6 +4,8 @@
 multi-process loop (its docstring draws the data flow); ``settings`` is what an iterator reads from
 its loader; ``task_table`` is the in-order delivery state machine, free of processes; ``base`` is
 what both iterators share; ``latest`` is what ``DataLoader.stats()`` answers from; ``publisher``
-publishes the live iterators' snapshots for ``python -m mploader top``.  May import ``process``, ``channel``, ``worker`` (for the spec and the
-messages), ``monitor``, ``config`` and ``errors``; nothing imports the iterator but the public face.
+publishes the live iterators' snapshots for ``python -m mploader top``.
+
+May import ``process``, ``channel``, ``worker`` (for the spec and the messages), ``monitor``,
+``config`` and ``errors``; nothing imports the iterator but the public face.
 """
