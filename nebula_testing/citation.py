@@ -129,10 +129,14 @@ def citation_schema_statements(space: str = CITATION_SPACE) -> list[str]:
         f"USE {space}",
         f"CREATE TAG IF NOT EXISTS {PAPER_TAG}({FEATURE_PROP} string, {LABEL_PROP} int)",
         f"CREATE EDGE IF NOT EXISTS {CITES_EDGE}()",
-        *(
-            f"CREATE {kind} INDEX IF NOT EXISTS {index} ON {schema}()"
-            for kind, schema, index in CITATION_INDEXES
-        ),
+    ]
+
+
+def citation_index_statements() -> list[str]:
+    """nGQL that creates the indexes ``LOOKUP`` scans need (run before inserting the data)."""
+    return [
+        f"CREATE {kind} INDEX IF NOT EXISTS {index} ON {schema}()"
+        for kind, schema, index in CITATION_INDEXES
     ]
 
 
