@@ -8,7 +8,9 @@ from.  With ``num_workers > 0`` it returns mploader's multi-process iterator; wi
 constructor, its checks, ``__iter__``, ``__len__``, samplers, collate functions) stays torch's.
 
 So a subclass iterates with mploader's workers unless it overrides ``_get_iterator`` itself (as
-torchdata's ``StatefulDataLoader`` does, to build its own stateful iterator).  Such a subclass is
+torchdata's ``StatefulDataLoader`` does, to build its own stateful iterator).  An override that
+calls ``super()._get_iterator()`` and wraps what it gets (PyG's ``NodeLoader`` and
+``LinkLoader``) does get mploader's iterator and is not warned about.  Such a subclass is
 not taken over: it gets one ``UserWarning`` naming it (once per class), at ``install()`` for
 classes that exist then, at class creation for those defined while installed.
 """
@@ -114,10 +116,12 @@ def _warn_if_not_taken_over(cls: type) -> None:
     resolved = getattr(cls, "_get_iterator", None)
     if resolved in (_mploader_get_iterator, MploaderDataLoader._get_iterator):
         return  # torch's method (swapped) or mploader's own loader
+    owner = next(klass for klass in cls.__mro__ if "_get_iterator" in vars(klass))
+    if _calls_super_get_iterator(vars(owner)["_get_iterator"]):
+        return  # PyG's NodeLoader/LinkLoader: wraps the iterator super() gives, i.e. ours
     if cls in _warned_classes:
         return
     _warned_classes.add(cls)
-    owner = next(klass for klass in cls.__mro__ if "_get_iterator" in vars(klass))
     overridden_by = "it" if owner is cls else f"its base {_name(owner)}"
     warnings.warn(
         f"mploader.install() does not take over {_name(cls)}: {overridden_by} overrides "
@@ -127,6 +131,12 @@ def _warn_if_not_taken_over(cls: type) -> None:
         UserWarning,
         stacklevel=3,
     )
+
+
+def _calls_super_get_iterator(method: Any) -> bool:
+    """Whether an override's body is ``... super()._get_iterator() ...`` (it gets our iterator)."""
+    code = getattr(method, "__code__", None)
+    return code is not None and {"super", "_get_iterator"} <= set(code.co_names)
 
 
 def _name(cls: type) -> str:

@@ -29,6 +29,9 @@ PAPER_TAG = "paper"
 FEATURE_PROP = "feat"
 LABEL_PROP = "label"
 CITES_EDGE = "cites"
+# (kind, schema, index name): LOOKUP ON a tag or edge type (a full scan, e.g. a PyG GraphStore's
+# edge_index) needs an index on it; created before the data, so no REBUILD INDEX is needed
+CITATION_INDEXES = (("TAG", PAPER_TAG, "paper_index"), ("EDGE", CITES_EDGE, "cites_index"))
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,14 @@ def citation_schema_statements(space: str = CITATION_SPACE) -> list[str]:
         f"USE {space}",
         f"CREATE TAG IF NOT EXISTS {PAPER_TAG}({FEATURE_PROP} string, {LABEL_PROP} int)",
         f"CREATE EDGE IF NOT EXISTS {CITES_EDGE}()",
+    ]
+
+
+def citation_index_statements() -> list[str]:
+    """nGQL that creates the indexes ``LOOKUP`` scans need (run before inserting the data)."""
+    return [
+        f"CREATE {kind} INDEX IF NOT EXISTS {index} ON {schema}()"
+        for kind, schema, index in CITATION_INDEXES
     ]
 
 

@@ -71,6 +71,8 @@ class Space:
     # executeJson row objects per statement shape and vid (GraphStore.cached_json_rows); any
     # change to the space's data or schema empties it
     json_fragments: dict[Any, dict[Any, str]] = field(default_factory=dict)
+    # index name -> (TAG or EDGE, schema name): LOOKUP needs one on its schema, as in graphd
+    indexes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def check_vid(self, value: Any) -> int | str:
         if self.vid_type == "INT64":
@@ -171,6 +173,12 @@ class GraphStore:
             return self._fetch(space, statement, params, for_json)
         if isinstance(statement, syntax.GoStmt):
             return self._go(space, statement, params, for_json)
+        if isinstance(statement, syntax.CreateIndexStmt):
+            return self._create_index(space, statement)
+        if isinstance(statement, syntax.LookupStmt):
+            return self._lookup(space, statement, params)
+        if isinstance(statement, syntax.UpsertVertexStmt):
+            return self._upsert_vertex(space, statement, params)
         raise QueryError(
             E_EXECUTION_ERROR, f"statement {type(statement).__name__} is not supported"
         )
@@ -281,6 +289,74 @@ class GraphStore:
             pending.append((src, dst, rank, props))
         for src, dst, rank, props in pending:
             space.add_edge(statement.edge, src, dst, rank, props, not statement.if_not_exists)
+        return QueryResult()
+
+    def _create_index(self, space: Space, statement: syntax.CreateIndexStmt) -> QueryResult:
+        registry = space.tags if statement.kind == "TAG" else space.edges
+        schema = registry.get(statement.schema)
+        if schema is None:
+            raise semantic_error(f"No schema found for `{statement.schema}'")
+        for column in statement.columns:
+            if schema.column(column) is None:
+                raise semantic_error(f"Unknown column `{column}' in schema")
+        if statement.name in space.indexes:
+            if statement.if_not_exists:
+                return QueryResult()
+            raise QueryError(E_EXISTED, "Existed!")
+        space.indexes[statement.name] = (statement.kind, statement.schema)
+        return QueryResult()
+
+    def _lookup(
+        self, space: Space, statement: syntax.LookupStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        """Every vertex with the tag, or every edge of the type, as graphd's index scan."""
+        name = statement.schema
+        is_tag = name in space.tags
+        if not is_tag and name not in space.edges:
+            raise semantic_error(f"No schema found for `{name}'")
+        if (("TAG" if is_tag else "EDGE"), name) not in space.indexes.values():
+            raise QueryError(E_EXECUTION_ERROR, "IndexNotFound: No valid index found")
+        rows = []
+        if is_tag:
+            for vid, stored in space.vertices.items():
+                if name not in stored:
+                    continue
+                context = RowContext(space, params, vertex=VertexValue(vid, {name: stored[name]}))
+                context.fetch_tags = {name}
+                rows.append([evaluate(column.expr, context) for column in statement.columns])
+        else:
+            for src, outgoing in space.out_edges.get(name, {}).items():
+                for (dst, rank), props in outgoing.items():
+                    context = RowContext(space, params, edge=EdgeValue(src, dst, name, rank, props))
+                    context.edge_types = {name}
+                    context.source_vid, context.destination_vid = src, dst
+                    rows.append([evaluate(column.expr, context) for column in statement.columns])
+        return QueryResult(
+            [column.name for column in statement.columns], _distinct(rows, statement)
+        )
+
+    def _upsert_vertex(
+        self, space: Space, statement: syntax.UpsertVertexStmt, params: dict[str, Any]
+    ) -> QueryResult:
+        """Set properties of one vertex's tag, inserting the tag (defaults, NULLs) if missing."""
+        schema = space.tags.get(statement.tag)
+        if schema is None:
+            raise semantic_error(f"No schema found for `{statement.tag}'")
+        context = RowContext(None, params)
+        vid = space.check_vid(evaluate(statement.vid, context))
+        stored = space.vertices.get(vid, {}).get(statement.tag)
+        if stored is None:
+            names = tuple(name for name, _ in statement.assignments)
+            values = [evaluate(expr, context) for _, expr in statement.assignments]
+            props = self._row_props(schema, statement.tag, names, values, params)
+        else:
+            props = dict(stored)
+            for name, expr in statement.assignments:
+                column = schema.column(name)
+                if column is None:
+                    raise semantic_error(f"Unknown column `{name}' in schema of `{statement.tag}'")
+                props[name] = _coerce(column, evaluate(expr, context))
+        space.add_vertex(vid, statement.tag, props)
         return QueryResult()
 
     def _vids(
@@ -557,7 +633,7 @@ def _edge_tuples(
 
 
 def _distinct(
-    rows: list[list[Any]], statement: syntax.FetchStmt | syntax.GoStmt
+    rows: list[list[Any]], statement: syntax.FetchStmt | syntax.GoStmt | syntax.LookupStmt
 ) -> list[list[Any]]:
     if not statement.distinct:
         return rows

@@ -162,6 +162,8 @@ class NebulaTestServer:
                 )
             )
             target.edges[citation.CITES_EDGE] = Schema(())
+            for kind, schema, index in citation.CITATION_INDEXES:  # as citation_schema_statements
+                target.indexes[index] = (kind, schema)
             for vid in range(graph.num_nodes):
                 props = {
                     citation.FEATURE_PROP: encode_features(graph.features[vid]),

@@ -13,6 +13,9 @@ client bug shows up as an error exactly as it would against a real graphd.  Supp
     FETCH PROP ON t[, t2 | *] <vid>, ... YIELD [DISTINCT] <expr> [AS <name>], ...
     GO [<n> STEP[S]] FROM <vid>, ... OVER e[, e2 | *] [REVERSELY | BIDIRECT] YIELD ...
     KILL SESSION <id>
+    CREATE TAG | EDGE INDEX [IF NOT EXISTS] i ON t(<cols>)
+    LOOKUP ON t YIELD [DISTINCT] <expr> [AS <name>], ...      (needs an index on t, as graphd)
+    UPSERT VERTEX ON t <vid> SET <prop> = <expr>, ...
     DEBUG DROP CONNECTION | DEBUG DROP CONNECTIONS | DEBUG SLEEP <ms>   (test faults, not nGQL)
 
 Expressions: int/float/string/bool/NULL literals, ``$param``, ``+ - * / %``, parentheses,
@@ -29,6 +32,7 @@ from nebula_testing.ngql_syntax import (
     Binary,
     Call,
     ColumnDef,
+    CreateIndexStmt,
     CreateSchemaStmt,
     CreateSpaceStmt,
     DebugStmt,
@@ -40,6 +44,7 @@ from nebula_testing.ngql_syntax import (
     InsertVertexStmt,
     KillSessionStmt,
     Literal,
+    LookupStmt,
     Name,
     NgqlSyntaxError,
     Param,
@@ -48,6 +53,7 @@ from nebula_testing.ngql_syntax import (
     Statement,
     Token,
     Unary,
+    UpsertVertexStmt,
     UseStmt,
     YieldColumn,
     YieldStmt,
@@ -165,7 +171,8 @@ class _Parser:
 
     def statement(self) -> Statement:
         word = self.expect_keyword(
-            "USE", "SHOW", "CREATE", "DROP", "INSERT", "YIELD", "FETCH", "GO", "KILL", "DEBUG"
+            "USE", "SHOW", "CREATE", "DROP", "INSERT", "YIELD", "FETCH", "GO", "KILL", "DEBUG",
+            "LOOKUP", "UPSERT",
         )
         if word == "USE":
             return UseStmt(self.identifier())
@@ -173,6 +180,8 @@ class _Parser:
             return self.show()
         if word == "CREATE":
             kind = self.expect_keyword("SPACE", "TAG", "EDGE")
+            if kind != "SPACE" and self.accept_keyword("INDEX"):
+                return self.create_index(kind)
             return self.create_space() if kind == "SPACE" else self.create_schema(kind)
         if word == "DROP":
             self.expect_keyword("SPACE")
@@ -188,6 +197,14 @@ class _Parser:
             return self.fetch()
         if word == "GO":
             return self.go()
+        if word == "LOOKUP":
+            self.expect_keyword("ON")
+            schema = self.identifier()
+            self.expect_keyword("YIELD")
+            distinct, columns = self.yield_columns()
+            return LookupStmt(schema, columns, distinct)
+        if word == "UPSERT":
+            return self.upsert_vertex()
         if word == "KILL":
             self.expect_keyword("SESSION", "SESSIONS")
             return KillSessionStmt(self.integer())
@@ -256,6 +273,28 @@ class _Parser:
             self.advance()
             self.accept_op(",")
         return CreateSchemaStmt(kind, name, if_not_exists, tuple(columns))
+
+    def create_index(self, kind: str) -> CreateIndexStmt:
+        if_not_exists = self.accept_if_not_exists()
+        name = self.identifier()
+        self.expect_keyword("ON")
+        schema = self.identifier()
+        return CreateIndexStmt(kind, name, if_not_exists, schema, self.name_list())
+
+    def upsert_vertex(self) -> UpsertVertexStmt:
+        self.expect_keyword("VERTEX")
+        self.expect_keyword("ON")
+        tag = self.identifier()
+        vid = self.expression()
+        self.expect_keyword("SET")
+        assignments: list[tuple[str, Expr]] = []
+        while True:
+            name = self.identifier()
+            self.expect_op("=")
+            assignments.append((name, self.expression()))
+            if not self.accept_op(","):
+                break
+        return UpsertVertexStmt(tag, vid, tuple(assignments))
 
     def column_def(self) -> ColumnDef:
         name = self.identifier()

@@ -269,6 +269,35 @@ class GoStmt:
 
 
 @dataclass(frozen=True)
+class CreateIndexStmt:
+    """``CREATE TAG|EDGE INDEX [IF NOT EXISTS] name ON schema(<cols>)``."""
+
+    kind: str  # TAG or EDGE
+    name: str
+    if_not_exists: bool
+    schema: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LookupStmt:
+    """``LOOKUP ON <tag|edge> YIELD ...`` (no ``WHERE``): every vertex or edge of one schema."""
+
+    schema: str
+    columns: tuple[YieldColumn, ...]
+    distinct: bool
+
+
+@dataclass(frozen=True)
+class UpsertVertexStmt:
+    """``UPSERT VERTEX ON tag <vid> SET p = <expr>, ...`` (one vertex, as in graphd)."""
+
+    tag: str
+    vid: Expr
+    assignments: tuple[tuple[str, Expr], ...]
+
+
+@dataclass(frozen=True)
 class KillSessionStmt:
     session_id: int
 
@@ -292,4 +321,7 @@ Statement = (
     | GoStmt
     | KillSessionStmt
     | DebugStmt
+    | CreateIndexStmt
+    | LookupStmt
+    | UpsertVertexStmt
 )

@@ -115,6 +115,15 @@ def deactivate_hooks() -> None:
         hooks.teardown(info)
 
 
+def hooks_active() -> bool:
+    """Whether :func:`worker_session` has hooks to make a session with in this thread.
+
+    True wherever a loader activated non-``None`` worker hooks: its workers (and their fetch
+    threads), or the main process while a ``num_workers=0`` mploader iterator runs.
+    """
+    return _slot.hooks is not None
+
+
 def worker_session() -> Any:
     """The current process's session, created on first call through the active hooks; in a
     fetch thread (``worker_threads > 1``) the calling thread's own session.

@@ -166,6 +166,8 @@ def _load_real_server(target: NebulaTarget, timeout: float = 60.0) -> None:
         _retry(session, f"USE `{target.space}`", timeout)  # the space appears after a heartbeat
         _retry(session, create_tag, timeout)
         _retry(session, create_edge, timeout)
+        for statement in citation.citation_index_statements():
+            _retry(session, statement, timeout)
         statements = list(citation.citation_insert_statements(target.graph))
         _retry(session, statements[0], timeout)  # the schema appears after a heartbeat too
         for statement in statements[1:]:

@@ -1,0 +1,403 @@
+"""PyG's remote backend on NebulaGraph, differential: the same graph held in memory is the oracle.
+
+The bundled graphd serves the citation graph; a small heterogeneous graph is loaded into its own
+space with ``put_graph``.  A reference k-hop sampler over the in-memory ``edge_index`` (written
+here, not PyG's, which needs pyg-lib) gives the expected node sets and edges.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.sampler import NodeSamplerInput
+
+import mploader
+from mploader.integrations.nebula.pyg import (
+    FEATURES,
+    FLOAT,
+    INT,
+    EdgeMapping,
+    GraphSchema,
+    NebulaFeatureStore,
+    NebulaGraphStore,
+    NebulaNeighborSampler,
+    NebulaNodeLoader,
+    NodeAttribute,
+    NodeType,
+    chunked,
+    homogeneous_schema,
+    put_graph,
+)
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+HETERO_SPACE = "pyg_hetero"
+AUTHORS, PAPERS = 30, 40
+WRITES = ("author", "writes", "paper")
+REV_WRITES = ("paper", "rev_writes", "author")
+CITES = ("paper", "cites", "paper")
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+def citation_schema(target: NebulaTarget) -> GraphSchema:
+    attributes = {
+        "x": NodeAttribute("feat", FEATURES, target.feature_dim),
+        "y": NodeAttribute("label", INT),
+    }
+    return homogeneous_schema("paper", attributes, "cites")
+
+
+def hetero_schema() -> GraphSchema:
+    return GraphSchema(
+        (
+            NodeType("author", {"x": NodeAttribute("ax", FEATURES, 4)}, vid_offset=10_000),
+            NodeType(
+                "paper",
+                {"x": NodeAttribute("px", FEATURES, 6), "y": NodeAttribute("py", INT),
+                 "w": NodeAttribute("pw", FLOAT)},
+                vid_offset=20_000,
+            ),
+        ),
+        (EdgeMapping(WRITES, "writes"), EdgeMapping(REV_WRITES, "writes", reverse=True),
+         EdgeMapping(CITES, "pcites")),
+    )
+
+
+def make_hetero_data() -> HeteroData:
+    rng = np.random.default_rng(3)
+    data = HeteroData()
+    data["author"].x = torch.from_numpy(rng.normal(size=(AUTHORS, 4)).astype(np.float32))
+    data["paper"].x = torch.from_numpy(rng.normal(size=(PAPERS, 6)).astype(np.float32))
+    data["paper"].y = torch.from_numpy(rng.integers(0, 5, PAPERS))
+    data["paper"].w = torch.arange(PAPERS, dtype=torch.float32) / 4
+    writes = np.stack([rng.integers(0, AUTHORS, 90), rng.integers(0, PAPERS, 90)])
+    writes = np.unique(writes, axis=1)
+    cites = np.unique(np.stack([rng.integers(0, PAPERS, 80), rng.integers(0, PAPERS, 80)]), axis=1)
+    data[WRITES].edge_index = torch.from_numpy(writes)
+    data[CITES].edge_index = torch.from_numpy(cites)
+    return data
+
+
+@pytest.fixture(scope="module")
+def citation_stores(nebula_server: NebulaTarget) -> Any:
+    schema = citation_schema(nebula_server)
+    hooks = nebula_server.hooks()
+    stores = NebulaFeatureStore(schema, hooks), NebulaGraphStore(schema, hooks)
+    yield schema, hooks, stores
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def hetero_stores(nebula_server: NebulaTarget, nebula_admin_module: Any) -> Any:
+    result = nebula_admin_module.execute(
+        f"CREATE SPACE IF NOT EXISTS {HETERO_SPACE} (vid_type = INT64)"
+    )
+    assert result.is_succeeded(), result.error_msg()
+    schema, data = hetero_schema(), make_hetero_data()
+    hooks = nebula_server.hooks(space=HETERO_SPACE)
+    feature_store, graph_store = NebulaFeatureStore(schema, hooks), NebulaGraphStore(schema, hooks)
+    put_graph(data, feature_store, graph_store)
+    yield schema, hooks, (feature_store, graph_store), data
+    feature_store.close()
+    graph_store.close()
+
+
+@pytest.fixture(scope="module")
+def nebula_admin_module(nebula_server: NebulaTarget) -> Any:
+    pool, session = nebula_server.raw_session()
+    yield session
+    session.release()
+    pool.close()
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+def reference_khop(
+    edges: dict[tuple[str, str, str], np.ndarray], seeds: dict[str, list[int]], hops: int
+) -> tuple[dict[str, set[int]], set[tuple[Any, int, int]]]:
+    """Full fan-out: each hop takes every edge into the last hop's new nodes (PyG's direction)."""
+    nodes = {tag: set(ids) for tag, ids in seeds.items()}
+    frontier = {tag: set(ids) for tag, ids in seeds.items()}
+    sampled: set[tuple[Any, int, int]] = set()
+    for _ in range(hops):
+        new: dict[str, set[int]] = {}
+        for edge_type, (source, destination) in edges.items():
+            into = frontier.get(edge_type[2], set())
+            for src, dst in zip(source.tolist(), destination.tolist(), strict=True):
+                if dst in into:
+                    sampled.add((edge_type, src, dst))
+                    if src not in nodes.setdefault(edge_type[0], set()):
+                        new.setdefault(edge_type[0], set()).add(src)
+        for tag, added in new.items():
+            nodes[tag] |= added
+        frontier = new
+    return nodes, sampled
+
+
+def global_edges(batch: Any, edge_type: Any, hetero: bool) -> set[tuple[Any, int, int]]:
+    if hetero:
+        source_ids, destination_ids = batch[edge_type[0]].n_id, batch[edge_type[2]].n_id
+        edge_index = batch[edge_type].edge_index
+    else:
+        source_ids = destination_ids = batch.n_id
+        edge_index = batch.edge_index
+    return {
+        (edge_type, int(source_ids[src]), int(destination_ids[dst]))
+        for src, dst in edge_index.t().tolist()
+    }
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_full_fanout_matches_the_in_memory_reference_homogeneous(
+    nebula_server: NebulaTarget, citation_stores: Any
+) -> None:
+    schema, hooks, stores = citation_stores
+    graph = nebula_server.graph
+    sampler = NebulaNeighborSampler(schema, hooks, [-1, -1])
+    loader = NebulaNodeLoader(stores, sampler, input_nodes=torch.arange(0, 300, 7), batch_size=9)
+    edges = {CITES: np.stack([graph.edge_src, graph.edge_dst])}
+    batches = 0
+    for batch in loader:
+        seeds = batch.n_id[: batch.batch_size].tolist()
+        nodes, expected_edges = reference_khop(edges, {"paper": seeds}, 2)
+        assert set(batch.n_id.tolist()) == nodes["paper"]
+        assert len(batch.n_id) == len(nodes["paper"])  # no node twice
+        assert global_edges(batch, CITES, hetero=False) == expected_edges
+        assert batch.edge_index.shape[1] == len(expected_edges)
+        assert torch.equal(batch.x, torch.from_numpy(graph.features[batch.n_id.numpy()]))
+        assert torch.equal(batch.y, torch.from_numpy(graph.labels[batch.n_id.numpy()]))
+        batches += 1
+    assert batches == len(loader) == 5
+    sampler.close()
+
+
+def test_full_fanout_matches_the_in_memory_reference_heterogeneous(hetero_stores: Any) -> None:
+    schema, hooks, stores, data = hetero_stores
+    sampler = NebulaNeighborSampler(schema, hooks, [-1, -1])
+    loader = NebulaNodeLoader(
+        stores, sampler, input_nodes=("paper", torch.arange(PAPERS)), batch_size=8
+    )
+    writes = data[WRITES].edge_index.numpy()
+    edges = {WRITES: writes, REV_WRITES: writes[::-1], CITES: data[CITES].edge_index.numpy()}
+    for batch in loader:
+        seeds = batch["paper"].n_id[: batch["paper"].batch_size].tolist()
+        nodes, expected_edges = reference_khop(edges, {"paper": seeds}, 2)
+        for tag in ("author", "paper"):
+            assert set(batch[tag].n_id.tolist()) == nodes.get(tag, set())
+            assert torch.equal(batch[tag].x, data[tag].x[batch[tag].n_id])
+        assert torch.equal(batch["paper"].y, data["paper"].y[batch["paper"].n_id])
+        assert torch.equal(batch["paper"].w, data["paper"].w[batch["paper"].n_id])
+        got: set[tuple[Any, int, int]] = set()
+        for edge_type in edges:
+            if "edge_index" in batch[edge_type]:
+                got |= global_edges(batch, edge_type, hetero=True)
+        assert got == expected_edges
+    sampler.close()
+
+
+@pytest.mark.parametrize("fanout", [[2, 3], [1, 1]])
+def test_fanout_keeps_real_edges_and_at_most_k_per_node_reproducibly(
+    nebula_server: NebulaTarget, citation_stores: Any, fanout: list[int]
+) -> None:
+    schema, hooks, _ = citation_stores
+    graph = nebula_server.graph
+    existing = set(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    sampler = NebulaNeighborSampler(schema, hooks, fanout, seed=5)
+    truncated = 0
+    for start in range(0, 300, 60):
+        seeds = torch.arange(start, start + 60)
+        inputs = NodeSamplerInput(input_id=None, node=seeds)
+        out = sampler.sample_from_nodes(inputs)
+        again = sampler.sample_from_nodes(inputs)
+        assert torch.equal(out.node, again.node) and torch.equal(out.row, again.row)
+        assert torch.equal(out.col, again.col)
+        first = 0
+        for hop, count in enumerate(out.num_sampled_edges):
+            row, col = out.row[first : first + count], out.col[first : first + count]
+            first += count
+            pairs = {(int(out.node[s]), int(out.node[d])) for s, d in zip(row, col, strict=True)}
+            assert pairs <= existing
+            if count:
+                assert int(torch.bincount(col).max()) <= fanout[hop]
+            in_degree = np.bincount(graph.edge_dst, minlength=300)
+            truncated += int((in_degree[out.node[col.unique()].numpy()] > fanout[hop]).sum())
+    assert truncated > 0  # the fan-out really cut some neighbourhoods
+    other = NebulaNeighborSampler(schema, hooks, fanout, seed=6)
+    inputs = NodeSamplerInput(input_id=None, node=torch.arange(0, 60))
+    mine, theirs = sampler.sample_from_nodes(inputs), other.sample_from_nodes(inputs)
+    assert not torch.equal(mine.node, theirs.node)  # another seed, another sample
+    sampler.close()
+    other.close()
+
+
+def test_graph_store_layouts_match_memory(
+    nebula_server: NebulaTarget, citation_stores: Any
+) -> None:
+    _, _, (_, graph_store) = citation_stores
+    graph = nebula_server.graph
+    expected = sorted(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    (attr,) = graph_store.get_all_edge_attrs()
+    assert attr.size == (300, 300)
+    row, col = graph_store.get_edge_index(edge_type=None, layout="coo")
+    assert sorted(zip(row.tolist(), col.tolist(), strict=True)) == expected
+    row, colptr, _ = graph_store.csc()
+    columns = torch.repeat_interleave(torch.arange(300), colptr.diff())
+    assert sorted(zip(row.tolist(), columns.tolist(), strict=True)) == expected
+    rowptr, col, _ = graph_store.csr()
+    rows = torch.repeat_interleave(torch.arange(300), rowptr.diff())
+    assert sorted(zip(rows.tolist(), col.tolist(), strict=True)) == expected
+
+
+def test_put_then_get_round_trips_data_and_heterodata(
+    nebula_server: NebulaTarget, nebula_admin_module: Any, hetero_stores: Any
+) -> None:
+    _schema, _hooks, (feature_store, graph_store), data = hetero_stores  # put by the fixture
+    for tag in ("author", "paper"):
+        for name in data[tag]:
+            assert torch.equal(feature_store[tag, name, None], data[tag][name])
+    got = graph_store.get_edge_index(edge_type=WRITES, layout="coo")
+    assert sorted(zip(*(t.tolist() for t in got), strict=True)) == sorted(
+        map(tuple, data[WRITES].edge_index.t().tolist())
+    )
+    result = nebula_admin_module.execute("CREATE SPACE IF NOT EXISTS pyg_homo (vid_type = INT64)")
+    assert result.is_succeeded()
+    homogeneous = Data(
+        x=torch.randn(25, 3), y=torch.arange(25) % 4,
+        edge_index=torch.tensor([[0, 1, 2, 24], [1, 2, 0, 3]]),
+    )
+    attributes = {"x": NodeAttribute("x", FEATURES, 3), "y": NodeAttribute("y", INT)}
+    homo_schema = homogeneous_schema("node", attributes, "link")
+    homo_hooks = nebula_server.hooks(space="pyg_homo")
+    stores = NebulaFeatureStore(homo_schema, homo_hooks), NebulaGraphStore(homo_schema, homo_hooks)
+    put_graph(homogeneous, *stores)
+    assert torch.equal(stores[0].get_tensor("node", "x", None), homogeneous.x)
+    assert torch.equal(stores[0].get_tensor("node", "y", index=torch.tensor([5, 1])),
+                       homogeneous.y[[5, 1]])
+    assert stores[0].get_tensor_size("node", "x") == (25, 3)
+    row, col = stores[1].get_edge_index(edge_type=None, layout="coo")
+    assert sorted(zip(row.tolist(), col.tolist(), strict=True)) == [(0, 1), (1, 2), (2, 0), (24, 3)]
+    assert stores[0].remove_tensor("node", "y", None)
+    assert stores[0].get_tensor("node", "y", None) is None  # NULL in the space now
+    assert torch.equal(stores[0].get_tensor("node", "x", None), homogeneous.x)  # the rest is kept
+    for store in stores:
+        store.close()
+
+
+def test_multi_get_tensor_sends_one_statement_per_tag(hetero_stores: Any) -> None:
+    _schema, _hooks, (feature_store, _), data = hetero_stores
+    attrs = feature_store.get_all_tensor_attrs()
+    assert {(a.group_name, a.attr_name) for a in attrs} == {
+        ("author", "x"), ("paper", "x"), ("paper", "y"), ("paper", "w")
+    }
+    attrs[0].index = torch.tensor([0])
+    assert not feature_store.get_all_tensor_attrs()[0].is_set("index")  # fresh objects each call
+    session = feature_store.session()
+    sent: list[str] = []
+    original = session.execute_json
+
+    def counting(statement: str) -> Any:
+        sent.append(statement)
+        return original(statement)
+
+    session.execute_json = counting
+    try:
+        for attr in attrs:
+            attr.index = torch.tensor([3, 1, 3])
+        tensors = feature_store.multi_get_tensor(attrs)
+    finally:
+        del session.execute_json
+    assert len(sent) == 2  # one FETCH per tag for all its attributes
+    for attr, tensor in zip(attrs, tensors, strict=True):
+        assert torch.equal(tensor, data[attr.group_name][attr.attr_name][[3, 1, 3]])
+
+
+def test_statements_are_split_below_the_size_limit() -> None:
+    items = [str(10**6 + number) for number in range(1000)]
+    statements = list(chunked("FETCH PROP ON t ", items, " YIELD id(vertex)", max_bytes=2000))
+    assert len(statements) > 1
+    assert all(len(statement.encode()) <= 2000 for statement in statements)
+    joined = [vid for statement in statements for vid in statement[16:-17].split(", ")]
+    assert joined == items
+    with pytest.raises(ValueError, match="max_allowed_query_size"):
+        list(chunked("", ["x" * 3000], max_bytes=2000))
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_loader_on_mploader_workers_and_threads(
+    nebula_server: NebulaTarget, nebula_admin: Any, citation_stores: Any, start_method: str
+) -> None:
+    schema, hooks, stores = citation_stores
+    graph = nebula_server.graph
+    existing = set(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    before = session_ids(nebula_admin)
+    sampler = NebulaNeighborSampler(schema, hooks, [3, 2])
+
+    def run() -> list[Any]:
+        loader = NebulaNodeLoader(
+            stores, sampler, input_nodes=torch.arange(120), batch_size=10, shuffle=True,
+            num_workers=2, worker_threads=3, worker_hooks=hooks,
+            multiprocessing_context=start_method, generator=torch.Generator().manual_seed(1),
+        )
+        with mploader.install():
+            return list(loader)
+
+    batches = run()
+    wrong = 0
+    seen: list[int] = []
+    for batch in batches:
+        ids = batch.n_id.numpy()
+        wrong += not torch.equal(batch.x, torch.from_numpy(graph.features[ids]))
+        wrong += not torch.equal(batch.y, torch.from_numpy(graph.labels[ids]))
+        pairs = {(int(ids[s]), int(ids[d])) for s, d in batch.edge_index.t().tolist()}
+        wrong += not pairs <= existing
+        seen += batch.n_id[: batch.batch_size].tolist()
+    assert wrong == 0
+    assert sorted(seen) == list(range(120))
+    again = run()  # same generator: same batches and the same sampled neighbours
+    assert all(torch.equal(a.edge_index, b.edge_index) and torch.equal(a.n_id, b.n_id)
+               for a, b in zip(batches, again, strict=True))
+    assert wait_for(lambda: session_ids(nebula_admin) == before)  # every session signed out
+
+
+def test_worker_threads_need_mploader_installed(citation_stores: Any) -> None:
+    schema, hooks, stores = citation_stores
+    sampler = NebulaNeighborSampler(schema, hooks, [2])
+    loader = NebulaNodeLoader(stores, sampler, input_nodes=torch.arange(10), batch_size=5,
+                              num_workers=1, worker_threads=2, worker_hooks=hooks)
+    assert not mploader.is_installed()
+    with pytest.raises(RuntimeError, match=r"mploader.install\(\)"):
+        iter(loader)
+
+
+def test_install_takes_over_pyg_node_loaders_without_a_warning() -> None:
+    """NodeLoader overrides _get_iterator but wraps super()'s: it runs on mploader's iterator,
+    so install() must not warn that it keeps its own (a class defined while installed is
+    checked when it is made)."""
+    from torch_geometric.loader import NodeLoader
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mploader.install():
+
+            class MyNodeLoader(NodeLoader):
+                pass
+
+            class MyStatefulLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+                def _get_iterator(self) -> Any:
+                    return iter([])
+
+    named = [str(w.message) for w in caught]
+    assert not any(".MyNodeLoader:" in message for message in named), named
+    assert any(".MyStatefulLoader:" in message for message in named), named
