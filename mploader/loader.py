@@ -219,7 +219,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
         self._iterator: Any = None
         self._latest_stats = LatestStats()  # what stats() answers from
-        self.resume_tracker = _make_resume_tracker(self) if snapshot_every_n_steps else None
+        self.resume_tracker = (_make_resume_tracker(self, self._latest_stats)
+                               if snapshot_every_n_steps else None)
         self.check_worker_number_rationality()
         _warm_up_zygote(num_workers, self.multiprocessing_context)
 
@@ -391,10 +392,10 @@ def _warm_up_zygote(num_workers: int, context: Any) -> None:
         zygote.zygote_for(resolved)
 
 
-def _make_resume_tracker(loader: DataLoader[Any]) -> Any:
+def _make_resume_tracker(loader: DataLoader[Any], latest: LatestStats) -> Any:
     from mploader.iterator.resume import ResumeTracker
 
-    return ResumeTracker(loader)
+    return ResumeTracker(loader, latest)
 
 
 def _check_snapshot_every_n_steps(value: Any) -> None:

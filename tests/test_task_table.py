@@ -9,7 +9,14 @@ import random
 
 import pytest
 
-from mploader.iterator.task_table import ARRIVED, PENDING, SKIPPED, TaskEntry, TaskTable
+from mploader.iterator.task_table import (
+    ARRIVED,
+    PENDING,
+    SKIPPED,
+    Position,
+    TaskEntry,
+    TaskTable,
+)
 
 
 def drain(table: TaskTable) -> list[int]:
@@ -191,7 +198,7 @@ def test_reset_returns_leftovers_and_restarts_ids(in_order: bool) -> None:
     table.skip(4)
     table.arrive(0, "r0")
     assert drain(table) == ([0] if in_order else [3, 0])
-    leftovers = table.reset()
+    leftovers = table.new_epoch()
     states = {entry.task_id: entry.state for entry in leftovers}
     if in_order:
         assert states == {1: PENDING, 2: PENDING, 3: ARRIVED, 4: SKIPPED}
@@ -211,7 +218,7 @@ def test_reset_returns_leftovers_and_restarts_ids(in_order: bool) -> None:
 
 def test_reset_of_an_empty_table() -> None:
     table = TaskTable(True)
-    assert table.reset() == []
+    assert table.new_epoch() == []
     assert table.pop_ready() is None
 
 
@@ -257,3 +264,64 @@ def test_random_schedules(seed: int, in_order: bool) -> None:
         assert delivered == sorted(delivered)
     else:
         assert delivered == arrived
+
+
+# -- the iterator's position (issue 18: the table is its one record) ------------------------------
+
+
+def test_deliveries_move_the_position_in_and_out_of_order() -> None:
+    table = TaskTable(in_order=False, num_workers=2)
+    for task in range(5):
+        table.add(task % 2, [task])
+    for task in (2, 0, 4, 1):
+        table.delivered(task, task % 2)
+    assert (table.delivered_through, table.delivered_after) == (3, {4})
+    assert table.next_worker == 2  # after worker 1, whose batch came last
+    assert table.was_delivered(4) and table.was_delivered(0) and not table.was_delivered(3)
+
+
+def test_an_iterable_position_is_its_workers_own() -> None:
+    table = TaskTable(in_order=True, num_workers=2, counts_positions=False)
+    table.add(0, None)
+    table.delivered(0, 0)
+    assert (table.delivered_through, table.next_worker) == (0, 1)
+
+
+def test_a_resumed_epoch_starts_at_its_position() -> None:
+    table = TaskTable(in_order=True, num_workers=3)
+    leftovers = table.new_epoch(Position(batches_yielded=4, delivered_through=4,
+                                         delivered_after=frozenset({6}), next_worker=1),
+                                iterator_epoch=2)
+    assert leftovers == []
+    assert (table.iterator_epoch, table.batches_yielded, table.next_task_id) == (2, 4, 4)
+    assert table.next_worker_in_turn({}) == 1  # the round robin goes on where it was
+    assert table.was_delivered(6) and not table.was_delivered(5)
+    table.new_epoch()
+    assert (table.iterator_epoch, table.batches_yielded, table.next_task_id) == (3, 0, 0)
+    assert table.delivered_after == set() and table.next_worker_in_turn({}) == 0
+
+
+def test_the_round_robin_passes_over_exhausted_workers() -> None:
+    table = TaskTable(in_order=True, num_workers=3)
+    table.add(1, None)
+    table.worker_exhausted(1, state="snapshot")
+    entry = entry_of(table, 0)
+    assert entry is not None and entry.state == SKIPPED
+    assert [table.next_worker_in_turn(table.exhausted) for _ in range(4)] == [0, 2, 0, 2]
+    table.worker_exhausted(0)
+    table.worker_exhausted(2)
+    assert table.next_worker_in_turn(table.exhausted) is None
+    assert table.exhausted == {1: "snapshot", 0: None, 2: None}
+    table.new_epoch()
+    assert table.exhausted == {}
+
+
+def test_entries_record_dispatch_order_and_times() -> None:
+    table = TaskTable(in_order=True, num_workers=2)
+    table.add(0, None, at=10.0)
+    table.add(1, None, at=11.0)
+    table.new_epoch()
+    table.add(0, None, at=12.0)
+    entry = table.arrive(0, "r", at=13.5)
+    assert entry is not None
+    assert (entry.dispatch_number, entry.dispatched_at, entry.arrived_at) == (2, 12.0, 13.5)

@@ -9,10 +9,14 @@ import torch
 
 from mploader.iterator.datapipes import SharedSeeds, distributed_settings
 from mploader.iterator.settings import LoaderSettings
+from mploader.iterator.task_table import TaskEntry, TaskTable
 from mploader.worker.info import draw_base_seed
 
 
 class BaseIterator:
+    """What both iterators share: the sampler and its draws, the base seed, the task table
+    (the one record of tasks and of the position), and torch's length warning."""
+
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         self._loader_settings = settings
         self._dataset = settings.dataset
@@ -34,25 +38,47 @@ class BaseIterator:
         # generator: nothing drawn yet), then one int64 from ``generator`` for the base seed.
         # With state tracking, a resumed epoch replays them (mploader.iterator.resume).
         self._tracker = settings.resume
-        self._resume_plan = self._tracker.begin_epoch(True) if self._tracker is not None else None
+        plan = self._resume_plan = self._tracker.take_plan() if self._tracker is not None else None
+        self._table = TaskTable(
+            in_order=settings.in_order or self._num_workers == 0,
+            num_workers=max(1, self._num_workers),
+            counts_positions=not self._is_iterable,
+        )
+        self._table.new_epoch(plan.position() if plan is not None else None,
+                              iterator_epoch=plan.iterator_epoch if plan is not None else 0)
+        if self._tracker is not None:
+            self._tracker.begin_epoch(self._table, plan, new_workers=True)
         self._sampler_iter = iter(self._index_sampler)
         if self._tracker is not None:
-            self._base_seed = self._tracker.base_seed_for(self._resume_plan, settings.generator)
+            self._base_seed = self._tracker.base_seed_for(plan, settings.generator)
         else:
             self._base_seed = draw_base_seed(settings.generator)
-        self._num_yielded = self._resume_plan.batches_yielded if self._resume_plan else 0
 
     def __iter__(self) -> BaseIterator:
         return self
 
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        if not first_iter and self._tracker is not None:
-            self._tracker.epoch_reset(self._base_seed)
+    def _begin_loader_epoch(self, first_iter: bool) -> int:
+        """The number of the loader's epoch that begins now, for the monitor: the loader's one
+        count, which a resumed epoch sets to its own (a torch loader keeps no count: the
+        iterator's)."""
+        latest = self._loader_settings.latest_stats
+        if latest is None:
+            return self._table.iterator_epoch
+        plan = self._resume_plan if first_iter else None
+        return latest.next_epoch(plan.epoch if plan is not None else None)
+
+    def _begin_epoch(self, loader: Any, first_iter: bool) -> list[TaskEntry]:
+        """Begin the next epoch (``first_iter``: the iterator's first, already begun).  Returns
+        what the last epoch left in the task table."""
+        leftovers: list[TaskEntry] = []
+        if not first_iter:
+            leftovers = self._table.new_epoch()
+            if self._tracker is not None:
+                self._tracker.epoch_reset(self._table, self._base_seed)
         self._sampler_iter = iter(self._index_sampler)
-        resumed = self._resume_plan if first_iter else None
-        self._num_yielded = resumed.batches_yielded if resumed is not None else 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         self._shared_seed = self._shared_seeds.next_epoch(loader.generator)
+        return leftovers
 
     def _next_index(self) -> Any:
         return next(self._sampler_iter)
@@ -62,16 +88,17 @@ class BaseIterator:
 
     def __next__(self) -> Any:
         data = self._next_data()
-        self._num_yielded += 1
+        table = self._table
+        table.batches_yielded += 1
         if (
             self._is_iterable
             and self._IterableDataset_len_called is not None
-            and self._num_yielded > self._IterableDataset_len_called
+            and table.batches_yielded > self._IterableDataset_len_called
         ):
             message = (
                 f"Length of IterableDataset {self._dataset} was reported to be "
                 f"{self._IterableDataset_len_called}(when accessing len(dataloader)), but "
-                f"{self._num_yielded} samples have been fetched. "
+                f"{table.batches_yielded} samples have been fetched. "
             )
             if self._num_workers > 0:
                 message += (

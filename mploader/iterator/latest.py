@@ -27,10 +27,11 @@ class LatestStats:
         self._followed += 1
         return self._followed
 
-    def next_epoch(self) -> int:
-        """The number of an epoch that starts now: 0, 1, 2... over the loader's life (for
-        ``stats().epoch`` and the trace)."""
-        self.loader_epoch += 1
+    def next_epoch(self, resumed: int | None = None) -> int:
+        """The number of an epoch that starts now: 0, 1, 2... over the loader's life, or
+        ``resumed``, the number of the epoch a loaded state continues (for ``stats().epoch``,
+        the trace and ``state_dict()``)."""
+        self.loader_epoch = self.loader_epoch + 1 if resumed is None else resumed
         return self.loader_epoch
 
     def record_final(self, number: int, stats: LoaderStats) -> None:

@@ -21,7 +21,6 @@ what arrives.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import multiprocessing
 import os
@@ -44,9 +43,8 @@ from mploader.iterator import publisher
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.latest import LatestStats
-from mploader.iterator.resume import ResumePlan
 from mploader.iterator.settings import LoaderSettings
-from mploader.iterator.task_table import TaskEntry, TaskTable
+from mploader.iterator.task_table import TaskEntry
 from mploader.monitor.events import WorkerEvent, WorkerState
 from mploader.monitor.monitor import IteratorMonitor, WorkerView
 from mploader.monitor.stats import LoaderStats
@@ -71,9 +69,7 @@ class MultiProcessIterator(BaseIterator):
         self._prefetch_factor = settings.prefetch_factor
         self._worker_threads = settings.worker_threads  # each worker runs that many tasks at once
         self._in_order = settings.in_order
-        self._table = TaskTable(settings.in_order)
         self._tag = new_loader_tag()
-        self._worker_cycle = itertools.cycle(range(self._num_workers))
         self._shutdown = False
         self._urgency = [False]  # shared with the finalizer: stop without waiting for tasks
         self._pinning: ThreadPoolExecutor | None = None
@@ -90,7 +86,7 @@ class MultiProcessIterator(BaseIterator):
                                   self._timeout)
         latest = settings.latest_stats
         self._monitor = IteratorMonitor(self._num_workers, settings.tracer)
-        self._monitor.epoch_started(self._loader_epoch(), constructed_at)
+        self._monitor.epoch_started(self._begin_loader_epoch(first_iter=True), constructed_at)
         start_method = context.get_start_method()
         self._monitor.startup_began(
             constructed_at, start_method=start_method,
@@ -143,8 +139,7 @@ class MultiProcessIterator(BaseIterator):
             shared_memory=settings.shared_memory,
             loader_tag=self._tag,
             parent_pid=os.getpid(),
-            # a resumed persistent iterator goes on counting epochs where the old one was
-            epoch=self._resume_plan.iterator_epoch if self._resume_plan is not None else 0,
+            epoch=self._table.iterator_epoch,  # a resumed persistent iterator's goes on
             record_state=self._tracker is not None,
             worker_threads=settings.worker_threads,
             in_flight_per_worker=settings.prefetch_factor * settings.worker_threads,
@@ -165,31 +160,17 @@ class MultiProcessIterator(BaseIterator):
     # -- epochs ----------------------------------------------------------------------------------
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        super()._reset(loader, first_iter)
+        for entry in self._begin_epoch(loader, first_iter):
+            self._discard_entry(entry)
         if not first_iter:
-            for entry in self._table.reset():
-                self._discard_entry(entry)
-            self._group.start_epoch(self._shared_seed)
-            self._monitor.epoch_started(self._loader_epoch())
-        self._worker_cycle = itertools.cycle(range(self._num_workers))
-        if first_iter and self._resume_plan is not None:
-            self._resume_epoch(self._resume_plan)
+            self._group.start_epoch(self._table.iterator_epoch, self._shared_seed)
+            self._monitor.epoch_started(self._begin_loader_epoch(first_iter=False))
+        if first_iter and self._resume_plan is not None:  # the table starts at its position
+            assert self._tracker is not None
+            self._sampler_iter = self._tracker.resume_sampler(self._resume_plan,
+                                                              self._sampler_iter)
         for _ in range(self._prefetch_factor * self._num_workers * self._worker_threads):
             self._dispatch_one()
-
-    def _loader_epoch(self) -> int:
-        """The number of the loader's epoch that begins now (a torch loader, which keeps no
-        count: the iterator's)."""
-        latest = self._loader_settings.latest_stats
-        return latest.next_epoch() if latest is not None else self._group.epoch
-
-    def _resume_epoch(self, plan: ResumePlan) -> None:
-        """Pick up a loaded state's epoch: its task numbers, its next worker, its sampler."""
-        assert self._tracker is not None
-        self._table.start_at(plan.resume_at)
-        for _ in range(plan.next_worker):
-            next(self._worker_cycle)
-        self._sampler_iter = self._tracker.resume_sampler(plan, self._sampler_iter)
 
     def _draw_task(self) -> Any:
         """The next task's indices, passing over those a resumed epoch delivered before."""
@@ -216,23 +197,15 @@ class MultiProcessIterator(BaseIterator):
         # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
         self._group.send_releases(self._channel.take_releases())
         task_id = self._table.add(worker_id, indices)
-        self._group.send(worker_id, Task(self._group.epoch, task_id, indices))
+        self._group.send(worker_id, Task(self._table.iterator_epoch, task_id, indices))
         self._monitor.dispatched(task_id, started)
 
     def _choose_worker(self) -> int | None:
-        active = [w for w in range(self._num_workers) if not self._exhausted(w)]
-        if not active:
-            return None
+        exhausted = self._table.exhausted
         if self._in_order:  # round robin over active workers: batch i from worker i % n
-            for _ in range(self._num_workers):
-                worker_id = next(self._worker_cycle)
-                if not self._exhausted(worker_id):
-                    return worker_id
-            return None
-        return min(active, key=self._table.pending_count)
-
-    def _exhausted(self, worker_id: int) -> bool:
-        return self._group.handles[worker_id].exhausted
+            return self._table.next_worker_in_turn(exhausted)
+        active = [w for w in range(self._num_workers) if w not in exhausted]
+        return min(active, key=self._table.pending_count) if active else None
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -316,33 +289,36 @@ class MultiProcessIterator(BaseIterator):
                                        message.init_failed)
         elif isinstance(message, TaskDone):
             self._on_task_done(message, event.payload)
-        elif isinstance(message, IterableExhausted) and message.epoch == self._group.epoch:
+        elif (isinstance(message, IterableExhausted)
+              and message.epoch == self._table.iterator_epoch):
             self._on_exhausted(message)
 
     def _on_task_done(self, message: TaskDone, payload: bytes | None) -> None:
         result = _Arrived(message, payload)
         if self._tracker is not None:
             result.snapshot = self._tracker.arrived_from(message.worker_id, message.state)
-        epoch = self._group.epoch
-        if message.epoch != epoch or not self._table.arrive(message.task_id, result):
+        entry = (self._table.arrive(message.task_id, result)
+                 if message.epoch == self._table.iterator_epoch else None)
+        if entry is None:
             self._discard(message.worker_id, payload)
             return
-        self._monitor.arrived(message.task_id, message.worker_id, message.timings)
+        self._monitor.arrived(entry.task_id, entry.worker_id, entry.dispatch_number,
+                              message.timings)
         if self._pinning is not None and message.error is None and payload is not None:
             result.pinned = self._pinning.submit(self._decode_and_pin, message.worker_id, payload)
 
     def _on_exhausted(self, message: IterableExhausted) -> None:
+        snapshot = None
         if self._tracker is not None:
-            self._tracker.worker_exhausted(message.worker_id, message.state)
-        for entry in self._table.pending_of(message.worker_id):
-            self._table.skip(entry.task_id)  # the worker ignores the rest of its tasks
+            snapshot = self._tracker.arrived_from(message.worker_id, message.state)
+        self._table.worker_exhausted(message.worker_id, snapshot)  # it ignores its other tasks
         self._dispatch_one()
 
     def _on_worker_end(self, worker_id: int) -> None:
         handle = self._group.handles[worker_id]
         self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
-        if handle.exhausted and not held:
+        if worker_id in self._table.exhausted and not held:
             return  # its part of the epoch was over; nothing is lost
         error = worker_died_error(
             worker_id=worker_id,
@@ -389,11 +365,11 @@ class MultiProcessIterator(BaseIterator):
                 [(other.task_id, other.indices) for other in others])
         self._restarts_left -= 1
         restore = self._tracker.restart_restore(worker_id) if self._tracker is not None else None
-        handle = self._group.restart(worker_id, restore)
+        handle = self._group.restart(worker_id, self._table.iterator_epoch, restore)
         self._monitor.worker_replaced(worker_id, handle.pid)
         for entry in held:
-            self._group.send(worker_id, Task(self._group.epoch, entry.task_id,
-                                                  entry.indices))
+            self._group.send(worker_id, Task(self._table.iterator_epoch, entry.task_id,
+                                             entry.indices))
 
     def stats(self) -> LoaderStats:
         """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``).
@@ -427,22 +403,27 @@ class MultiProcessIterator(BaseIterator):
                 self._handle(event)
 
     def _view_of(self, worker_id: int, state: WorkerState) -> WorkerView:
+        """The worker's state from its lifecycle (the group's word) and the task table."""
         waiting = len(self._table.arrived_of(worker_id))
-        if state != WorkerState.IDLE:  # starting, exhausted, ended: the group's word
+        if state == WorkerState.IDLE and worker_id in self._table.exhausted:
+            state = WorkerState.EXHAUSTED
+        if state != WorkerState.IDLE:  # starting, exhausted, ended
             return WorkerView(state, results_waiting=waiting)
         pending = self._table.pending_of(worker_id)
         if pending:
-            return WorkerView(WorkerState.BUSY, pending[0].task_id, waiting)
+            return WorkerView(WorkerState.BUSY, pending[0].task_id, waiting,
+                              pending[0].dispatch_number, pending[0].dispatched_at)
         return WorkerView(WorkerState.RESULT_WAITING if waiting else WorkerState.IDLE,
                           results_waiting=waiting)
 
     def _deliver(self, entry: TaskEntry) -> Any:
         arrived: _Arrived = entry.result
-        self._monitor.delivered(entry.task_id)
+        self._monitor.delivered(entry.task_id, entry.arrived_at)
         self._dispatch_one()  # refill before returning, as torch does
         message = arrived.message
+        self._table.delivered(entry.task_id, message.worker_id)
         if self._tracker is not None:
-            self._tracker.delivered_task(entry.task_id, message.worker_id, arrived.snapshot)
+            self._tracker.delivered_task(message.worker_id, arrived.snapshot)
         if message.error is not None:
             raise _TaskError(message.error.rebuild())
         if arrived.pinned is not None:

@@ -7,16 +7,20 @@ A :class:`ResumeTracker` belongs to the loader and follows its latest iterator. 
   puts them back for the time of ``iter()`` and replays what that epoch drew (the base seed, the
   sampler's draws), then gives the caller's global generators back: so the rest of the epoch and
   every later one draw exactly what the uninterrupted run drew.
-* **Sampler position.**  Tasks are numbered in sampler order within an epoch; ``resume_at`` is the
-  first number not yet delivered, and ``delivered_after`` the numbers beyond it that were (only
-  with ``in_order=False``).  A sampler with its own ``state_dict``/``load_state_dict`` (or whose
-  iterator has them) is asked for its state after each draw and resumes from the one after draw
-  ``resume_at - 1``; any other sampler is fast-forwarded by drawing ``resume_at`` batches of
-  indices, never fetching them.  Batches in ``delivered_after`` are drawn and not dispatched.
+* **Sampler position.**  Tasks are numbered in sampler order within an epoch; the iterator's task
+  table records which were delivered: ``resume_at`` (its ``delivered_through``) is the first
+  number not yet delivered, and ``delivered_after`` the numbers beyond it that were (only with
+  ``in_order=False``).  The tracker reads the table when it makes a state; it keeps no copy.
+  A sampler with its own ``state_dict``/``load_state_dict`` (or whose iterator has them) is
+  asked for its state after each draw and resumes from the one after draw ``resume_at - 1``; any
+  other sampler is fast-forwarded by drawing ``resume_at`` batches of indices, never fetching
+  them.  Batches in ``delivered_after`` are drawn and not dispatched.
 * **Workers.**  Each result carries its worker's snapshot (``mploader.worker.resume``); the
   tracker keeps, per worker, the one of its last *delivered* batch (what ``state_dict()`` saves)
-  and of its last *arrived* one (where a restarted worker starts), and which worker comes next in
-  the round robin, so a resumed epoch gives the same batches to the same workers.
+  and of its last *arrived* one (where a restarted worker starts); the table says which worker
+  comes next in the round robin, so a resumed epoch gives the same batches to the same workers.
+* **Epochs.**  The loader's epoch is the loader's one count (``LatestStats.loader_epoch``), the
+  iterator's epoch the task table's.
 
 The state itself is a plain dict (``mploader.iterator.resume_format``).
 """
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset
 
+from mploader.iterator.latest import LatestStats
 from mploader.iterator.resume_format import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -44,6 +49,7 @@ from mploader.iterator.resume_format import (
     snapshot_from_plain,
     snapshot_to_plain,
 )
+from mploader.iterator.task_table import Position, TaskTable
 from mploader.worker import rng
 from mploader.worker.fetch import IterableFetcher
 from mploader.worker.info import draw_base_seed
@@ -84,6 +90,11 @@ class ResumePlan:
     workers: list[tuple[WorkerSnapshot | None, bool]] = field(default_factory=list)
     iterator_epoch: int = 0  # the epoch's number within its iterator (tasks carry it)
 
+    def position(self) -> Position:
+        """Where the resumed epoch's task table starts."""
+        return Position(self.batches_yielded, self.resume_at, frozenset(self.delivered_after),
+                        self.next_worker)
+
     def restores(self) -> list[WorkerRestore | None]:
         """Each worker's starting state: its generators and, within the epoch, its position."""
         return [
@@ -123,7 +134,10 @@ class ResumePlan:
 
 
 class ResumeTracker:
-    def __init__(self, loader: Any) -> None:
+    """The loader's resume state: follows its latest iterator's epochs and task table, makes
+    ``state_dict()`` and turns a loaded one into the next ``iter()``'s :class:`ResumePlan`."""
+
+    def __init__(self, loader: Any, latest: LatestStats) -> None:
         self.dataset = loader.dataset
         self.is_iterable = isinstance(loader.dataset, IterableDataset)
         self.persistent = loader.persistent_workers
@@ -133,31 +147,27 @@ class ResumeTracker:
         self.sampler_owner = None if self.is_iterable else _stateful_owner(self.index_sampler)
         self.dataset_has_state = self.is_iterable and has_state_methods(loader.dataset)
         self.configure(loader)
+        self.latest = latest  # the loader's epoch count
         self._pending: ResumePlan | None = None  # loaded, for the next iter()
         self._pending_position: dict[str, Any] | None = None  # the loaded state's position
         self._window_plan: ResumePlan | None = None  # inside iter(): the plan being applied
         self._window_start: EpochStart | None = None
-        # The position, as of the last batch the consumer received.
-        self.started = False
-        self.epoch = -1
-        self.iterator_epoch = 0  # epochs since the iterator's workers started (persistent)
+        # The latest iterator's task table: the position, as of the last batch the consumer
+        # received (batches yielded, tasks delivered, next worker, the iterator's epoch).
+        self.table: TaskTable | None = None
         self.finished = False
         self.base_seed = 0
         self.base_seed_drawn = True
         self.epoch_start: EpochStart | None = None
         self.generators_at_end: list[torch.Tensor] | None = None
-        self.batches_yielded = 0
-        self.resume_at = 0
-        self.delivered_after: set[int] = set()
         self.sampler_states: deque[tuple[int, Any]] = deque()  # (task id, state after its draw)
         self.iterator_has_state: bool | None = None
-        self.skip_ids: set[int] = set()  # a resumed epoch's tasks delivered before the state
         self.watches_draws = False  # draws need drawn(): a stateful sampler, or ids to skip
-        self.next_worker = 0
+        # Per worker, its snapshot as of its last delivered batch, whether that batch is of this
+        # epoch, and its snapshot as of its last arrived result.
         self.delivered: list[WorkerSnapshot | None] = [None] * self.slots
         self.delivered_in_epoch = [False] * self.slots
         self.arrived: list[WorkerSnapshot | None] = [None] * self.slots
-        self.exhausted: dict[int, WorkerSnapshot] = {}
         self.local_fetcher: IterableFetcher | None = None  # num_workers=0: the live fetcher
 
     def configure(self, loader: Any) -> None:
@@ -176,24 +186,25 @@ class ResumeTracker:
             "arguments": dict(self.arguments),
             "position": None,
         }
-        if self._pending is not None or not self.started:
+        table = self.table
+        if self._pending is not None or table is None:
             state["position"] = self._pending_position
             return state
         assert self.epoch_start is not None
         state["position"] = {
-            "epoch": self.epoch,
-            "iterator_epoch": self.iterator_epoch,
+            "epoch": self.latest.loader_epoch,
+            "iterator_epoch": table.iterator_epoch,
             "finished": self.finished,
-            "batches_yielded": self.batches_yielded,
+            "batches_yielded": table.batches_yielded,
             "base_seed": self.base_seed,
             "base_seed_drawn": self.base_seed_drawn,
             "generators_at_start": self.epoch_start.generators,
             "rng_at_start": self.epoch_start.global_rng.to_plain(),
             "generators_at_end": self.generators_at_end,
-            "resume_at": self.resume_at,
-            "delivered_after": sorted(self.delivered_after),
-            "sampler_state": self._sampler_state_at_resume(),
-            "next_worker": self.next_worker % self.slots,
+            "resume_at": table.delivered_through,
+            "delivered_after": sorted(table.delivered_after),
+            "sampler_state": self._sampler_state_at_resume(table.delivered_through),
+            "next_worker": table.next_worker % self.slots,
             "workers": self._worker_entries(),
         }
         state = copy.deepcopy(state)
@@ -242,33 +253,25 @@ class ResumeTracker:
 
     # -- the iterator's side ---------------------------------------------------------------------
 
-    def begin_epoch(self, new_workers: bool) -> ResumePlan | None:
-        """An epoch begins: in a new iterator (``new_workers``), or a persistent one's reset.
-        Returns the loaded state's plan when this epoch resumes one."""
-        plan = self._window_plan if new_workers else None
-        self._window_plan = None
+    def take_plan(self) -> ResumePlan | None:
+        """A new iterator begins: the loaded state's plan when its epoch resumes one."""
+        plan, self._window_plan = self._window_plan, None
+        return plan
+
+    def begin_epoch(self, table: TaskTable, plan: ResumePlan | None, new_workers: bool) -> None:
+        """An epoch begins, in a new iterator (``new_workers``) or a persistent one's reset,
+        recorded by ``table`` (already at ``plan``'s position when it resumes one)."""
+        self.table = table
         self._pending_position = None
         self.epoch_start = self._window_start or EpochStart.capture(self.generators)
         self._window_start = None
-        self.started = True
-        self.epoch = plan.epoch if plan is not None else self.epoch + 1
-        if new_workers:
-            self.iterator_epoch = plan.iterator_epoch if plan is not None else 0
-        else:
-            self.iterator_epoch += 1
         self.finished = False
         self.generators_at_end = None
-        self.batches_yielded = plan.batches_yielded if plan is not None else 0
-        self.resume_at = plan.resume_at if plan is not None else 0
-        self.delivered_after = set(plan.delivered_after) if plan is not None else set()
         self.sampler_states.clear()
         if plan is not None and plan.sampler_state is not None:
             self.sampler_states.append((plan.resume_at - 1, plan.sampler_state))
         self.iterator_has_state = None
-        self.skip_ids = set(self.delivered_after)
         self.watches_draws = not self.is_iterable  # until the first draw shows otherwise
-        self.next_worker = plan.next_worker if plan is not None else 0
-        self.exhausted = {}
         self.local_fetcher = None
         if new_workers:
             workers = plan.workers if plan is not None and plan.workers else []
@@ -278,7 +281,6 @@ class ResumeTracker:
             self.delivered_in_epoch = [in_epoch for _, in_epoch in workers]
         else:
             self.delivered_in_epoch = [False] * self.slots
-        return plan
 
     def base_seed_for(self, plan: ResumePlan | None, generator: torch.Generator | None) -> int:
         """A new iterator's base seed: drawn as torch draws it, or the resumed epoch's (whose
@@ -291,9 +293,9 @@ class ResumeTracker:
         self.base_seed, self.base_seed_drawn = seed, drawn is not None
         return seed
 
-    def epoch_reset(self, base_seed: int) -> None:
+    def epoch_reset(self, table: TaskTable, base_seed: int) -> None:
         """A persistent iterator begins its next epoch, keeping its seed and workers."""
-        self.begin_epoch(new_workers=False)
+        self.begin_epoch(table, None, new_workers=False)
         self.base_seed, self.base_seed_drawn = base_seed, False
 
     def resume_sampler(self, plan: ResumePlan, sampler_iter: Any) -> Any:
@@ -326,12 +328,9 @@ class ResumeTracker:
             self.sampler_states.append((task_id, copy.deepcopy(self.sampler_owner.state_dict())))
         elif self.iterator_has_state:
             self.sampler_states.append((task_id, copy.deepcopy(sampler_iter.state_dict())))
-        elif not self.skip_ids:
+        elif not (self.table is not None and self.table.delivered_after):
             self.watches_draws = False  # nothing to keep, nothing to skip: stop being called
-        if task_id in self.skip_ids:
-            self.skip_ids.discard(task_id)
-            return True
-        return False
+        return self.table is not None and self.table.was_delivered(task_id)
 
     def arrived_from(self, worker_id: int, state: WorkerSnapshot | None) -> WorkerSnapshot | None:
         """A result arrived with ``state``: the worker's full snapshot as of that result."""
@@ -341,42 +340,28 @@ class ResumeTracker:
         self.arrived[worker_id] = full
         return full
 
-    def delivered_task(self, task_id: int, worker_id: int | None,
-                       snapshot: WorkerSnapshot | None) -> None:
-        """The consumer received task ``task_id``'s batch (or its error).  (Every batch's hot
-        path: the common case, the next task in order with no sampler state, is a few stores.)"""
-        self.batches_yielded += 1
+    def delivered_task(self, worker_id: int | None, snapshot: WorkerSnapshot | None) -> None:
+        """The consumer received a batch (or its error) of ``worker_id`` (None: the main
+        process), whose state after it was ``snapshot``; the table has recorded the delivery.
+        (Every batch's hot path: the common case, with no sampler state, is a few stores.)"""
         if worker_id is not None:
-            self.next_worker = worker_id + 1  # modulo the worker count when saved
             if snapshot is not None:
                 self.delivered[worker_id] = snapshot
             self.delivered_in_epoch[worker_id] = True
-        if self.is_iterable:
-            return
-        if task_id == self.resume_at:
-            self.resume_at = task_id + 1
-            if self.delivered_after:
-                while self.resume_at in self.delivered_after:
-                    self.delivered_after.remove(self.resume_at)
-                    self.resume_at += 1
-        else:
-            self.delivered_after.add(task_id)
-        if self.sampler_states:
-            while self.sampler_states and self.sampler_states[0][0] < self.resume_at - 1:
+        if self.sampler_states and self.table is not None:
+            resume_at = self.table.delivered_through
+            while self.sampler_states and self.sampler_states[0][0] < resume_at - 1:
                 self.sampler_states.popleft()
-
-    def worker_exhausted(self, worker_id: int, state: WorkerSnapshot | None) -> None:
-        full = self.arrived_from(worker_id, state)
-        if full is not None:
-            self.exhausted[worker_id] = full
 
     def epoch_ended(self) -> None:
         """The consumer got this epoch's ``StopIteration``."""
         self.finished = True
         self.local_fetcher = None
         self.generators_at_end = generator_states(self.generators)
-        for worker_id, snapshot in self.exhausted.items():
-            self.delivered[worker_id] = snapshot
+        exhausted = self.table.exhausted if self.table is not None else {}
+        for worker_id, snapshot in exhausted.items():
+            if snapshot is not None:
+                self.delivered[worker_id] = snapshot
 
     def restart_restore(self, worker_id: int) -> WorkerRestore | None:
         """Where a replacement for a crashed worker starts: its generators as of its last
@@ -392,9 +377,9 @@ class ResumeTracker:
 
     # -- pieces of the state ---------------------------------------------------------------------
 
-    def _sampler_state_at_resume(self) -> Any:
+    def _sampler_state_at_resume(self, resume_at: int) -> Any:
         for task_id, state in self.sampler_states:
-            if task_id == self.resume_at - 1:
+            if task_id == resume_at - 1:
                 return state
         return None
 

@@ -56,8 +56,7 @@ class SingleProcessIterator(BaseIterator):
         # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().
         latest = settings.latest_stats
         self._monitor = IteratorMonitor(0, settings.tracer)
-        self._monitor.epoch_started(latest.next_epoch() if latest is not None else 0,
-                                    constructed_at)
+        self._monitor.epoch_started(self._begin_loader_epoch(first_iter=True), constructed_at)
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
             weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
@@ -71,7 +70,7 @@ class SingleProcessIterator(BaseIterator):
         monitor = self._monitor
         monitor.next_called()
         try:
-            task_number, data = self._load_next()
+            task_id, data = self._load_next()
         except StopIteration:
             monitor.next_ended()
             monitor.epoch_ended(write_trace=True)
@@ -79,20 +78,21 @@ class SingleProcessIterator(BaseIterator):
         except BaseException:  # the dataset's error: the epoch goes on after it, as in torch
             monitor.next_returned()
             raise
-        monitor.delivered(task_number)
+        monitor.delivered(task_id)
         monitor.next_returned()
         return data
 
     def _load_next(self) -> tuple[int, Any]:
-        # In one process each batch is delivered before the next is drawn: its task number is
-        # the tracker's first undelivered one.
+        # In one process each batch is delivered before the next is drawn: the task table
+        # numbers it (a resumed epoch continues the interrupted one's numbers).
         tracker = self._tracker
+        task_id = self._table.next_task_id
+        indices = None
         try:
             indices = self._next_index()
             if tracker is not None and tracker.watches_draws:
-                tracker.drawn(tracker.resume_at, self._sampler_iter)
-            task_number = self._task_number()
-            seed = TaskSeed(self._base_seed, 0, task_number)  # for item_generator()
+                tracker.drawn(task_id, self._sampler_iter)
+            seed = TaskSeed(self._base_seed, 0, task_id)  # for item_generator()
             started = time.monotonic()
             samples = self._fetcher.fetch(indices, seed)
             fetched = time.monotonic()
@@ -103,21 +103,24 @@ class SingleProcessIterator(BaseIterator):
             if tracker is not None:
                 tracker.epoch_ended()
             raise
-        except Exception:
-            if tracker is not None:  # the batch failed; the epoch goes on after it, as in torch
-                tracker.delivered_task(tracker.resume_at, None, None)
+        except Exception:  # the batch failed; the epoch goes on after it, as in torch
+            self._record_delivery(indices)
             raise
-        if tracker is not None:
-            tracker.delivered_task(tracker.resume_at, None, None)
-        self._monitor.fetched_in_main(task_number,
-                                      TaskTimings(started, fetched, time.monotonic()))
+        self._record_delivery(indices)
+        self._monitor.fetched_in_main(task_id, TaskTimings(started, fetched, time.monotonic()))
         if self._pin_memory:
             data = pin_batch(data, self._pin_memory_device)
-        return task_number, data
+        return task_id, data
 
-    def _task_number(self) -> int:
-        """This batch's number in the epoch (a resumed epoch continues the interrupted one's)."""
-        return self._tracker.resume_at if self._tracker is not None else self._num_yielded
+    def _record_delivery(self, indices: Any) -> None:
+        """The batch of the next task id (or its error) goes to the consumer."""
+        table = self._table
+        task_id = table.add(0, indices)
+        table.arrive(task_id, None)
+        table.pop_ready()
+        table.delivered(task_id, None)
+        if self._tracker is not None:
+            self._tracker.delivered_task(None, None)
 
     def _close_hooks(self) -> None:
         if self._hooks_active:

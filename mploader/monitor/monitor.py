@@ -69,10 +69,6 @@ class IteratorMonitor:
         self.restarts = 0
         self._next_called_at: float | None = None
         self._last_returned_at: float | None = None
-        # task id -> (dispatch number, when): which of a worker's tasks came first, and when
-        self._dispatched: dict[int, tuple[int, float]] = {}
-        self._dispatch_numbers = itertools.count()
-        self._arrived_at: dict[int, float] = {}
         self._last_sample_at = time.monotonic()
         # For the trace: the loader's epoch number and when it began, the start-up span's start
         # and details (None once it ended), the task this next() call delivers and the one the
@@ -149,8 +145,8 @@ class IteratorMonitor:
         self._next_called_at = self._last_returned_at = None
 
     def dispatched(self, task_id: int, started: float) -> None:
+        """The iterator drew task ``task_id`` and sent it (from ``started`` to now)."""
         now = time.monotonic()
-        self._dispatched[task_id] = (next(self._dispatch_numbers), now)
         if self.tracer:
             self.tracer.span("dispatch", self.tracer.main_pid, started, now, task=task_id,
                              epoch=self._epoch)
@@ -164,13 +160,15 @@ class IteratorMonitor:
             self.tracer.span("collate", main, timings.fetched, timings.encoded, task=task_id,
                              epoch=self._epoch)
 
-    def arrived(self, task_id: int, worker_id: int, timings: TaskTimings | None) -> None:
+    def arrived(self, task_id: int, worker_id: int, dispatch_number: int,
+                timings: TaskTimings | None) -> None:
+        """Task ``task_id``'s result arrived from ``worker_id``; ``dispatch_number``: the task
+        table's order of dispatch (which of a worker's tasks came first)."""
         now = time.monotonic()
         counters = self.workers[worker_id]
         counters.tasks_done += 1
-        self._arrived_at[task_id] = now
-        number = self._dispatched.get(task_id, (-1, now))[0]
-        counters.finishes.append((number, timings.encoded if timings is not None else now))
+        counters.finishes.append((dispatch_number,
+                                  timings.encoded if timings is not None else now))
         if timings is None:  # the task failed before it was fetched
             return
         counters.busy_seconds += timings.encoded - timings.started
@@ -183,14 +181,14 @@ class IteratorMonitor:
             self.tracer.span("transfer", self.tracer.main_pid, timings.encoded, now,
                              task=task_id, epoch=epoch, worker=worker_id)
 
-    def delivered(self, task_id: int) -> None:
+    def delivered(self, task_id: int, arrived: float | None = None) -> None:
+        """Task ``task_id``'s batch goes to the consumer; its result arrived at ``arrived``
+        (None: made in the main process)."""
         now = time.monotonic()
         self.batches_delivered += 1
         self._delivering = task_id
         if self._startup_began is not None:  # a batch before every worker was ready
             self._end_startup(now, "first batch")
-        self._dispatched.pop(task_id, None)
-        arrived = self._arrived_at.pop(task_id, None)
         if self.tracer and arrived is not None:
             self.tracer.span("reorder wait", self.tracer.main_pid, arrived, now, task=task_id,
                              epoch=self._epoch)
@@ -222,8 +220,6 @@ class IteratorMonitor:
         self.worker_event(WorkerEvent.RESTART, worker_id, pid)
 
     def epoch_ended(self, write_trace: bool) -> None:
-        self._dispatched.clear()
-        self._arrived_at.clear()
         self._end_epoch_span("exhausted")
         if self.tracer and write_trace:
             self.tracer.flush()
@@ -301,7 +297,7 @@ class IteratorMonitor:
             elif counters.last_memory is not None:  # gone: its last sample
                 rss, uss = counters.last_memory[:2]
             wall = now - counters.started_at
-            started = (self._task_started_at(view.current_task, worker_id, worker_threads)
+            started = (self._task_started_at(view, worker_id, worker_threads)
                        if view.current_task is not None else now)
             snapshots.append(WorkerStats(
                 worker_id=worker_id,
@@ -336,15 +332,15 @@ class IteratorMonitor:
             worker_threads=worker_threads,
         )
 
-    def _task_started_at(self, task_id: int, worker_id: int, threads: int) -> float:
-        """When ``worker_id`` took ``task_id``, the oldest of its tasks not yet finished.
+    def _task_started_at(self, view: WorkerView, worker_id: int, threads: int) -> float:
+        """When ``worker_id`` took its current task, the oldest of its tasks not yet finished.
 
         A worker takes its tasks in the order they were sent, up to ``threads`` at a time, so it
         took this one when it was sent, when the worker became ready, or when the ``threads``-th
         latest of its earlier tasks finished (the worker's own clock), whichever came last.
         """
         counters = self.workers[worker_id]
-        number, dispatched = self._dispatched.get(task_id, (None, time.monotonic()))
+        number, dispatched = view.dispatch_number, view.dispatched_at
         taken = max(dispatched, counters.ready_at or dispatched)
         if number is not None:
             earlier = sorted((at for n, at in counters.finishes if n < number), reverse=True)
@@ -361,3 +357,5 @@ class WorkerView:
     state: WorkerState
     current_task: int | None = None
     results_waiting: int = 0
+    dispatch_number: int | None = None  # the current task's, from the task table
+    dispatched_at: float = 0.0

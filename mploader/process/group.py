@@ -27,7 +27,6 @@ from mploader.process import inherited_fds, sigchld, zygote
 from mploader.process.pipes import TaskWriter, Waiter, make_pipe
 from mploader.worker.loop import worker_main
 from mploader.worker.messages import (
-    IterableExhausted,
     Release,
     Resume,
     Stop,
@@ -66,10 +65,9 @@ class WorkerHandle:
     writer: TaskWriter
     reader: Connection
     sentinel: int
-    # Its lifecycle: starting, idle once ready (whether it is busy follows from the task table:
-    # the iterator's stats()), exhausted, stopping, exited, crashed.
+    # Its lifecycle: starting, idle once ready, stopping, exited, crashed.  Whether it is busy,
+    # or its iterable dataset ran out this epoch, is the iterator's task table's to say.
     state: WorkerState = WorkerState.STARTING
-    exhausted: bool = False  # its iterable dataset ran out in the current epoch
     pid: int | None = None
     reader_open: bool = True
     ended: bool = False  # the process is gone and has been reaped
@@ -115,10 +113,10 @@ class WorkerGroup:
         self.oom_kills_at_start: int | None = None
         self.owner_pid = os.getpid()  # a forked child holds a copy of this object: hands off
         self.template = template
-        self.epoch = template.epoch  # the one count of epochs; a restarted worker starts there
         # A resumed worker's starting state (DataLoader.load_state_dict), per worker id.
         self.restores: list[WorkerRestore | None] = restores or [None] * num_workers
-        self._prepared = [self._prepare(worker_id) for worker_id in range(num_workers)]
+        self._prepared = [self._prepare(worker_id, template.epoch)
+                          for worker_id in range(num_workers)]
         self.handles = [handle for handle, _ in self._prepared]
         sigchld.register(self)
 
@@ -164,14 +162,15 @@ class WorkerGroup:
     def forking(self) -> bool:
         return bool(self.context.get_start_method() == "fork")
 
-    def _prepare(self, worker_id: int) -> tuple[WorkerHandle, tuple[Connection, Connection]]:
-        """Pipes, spec and an unstarted process for ``worker_id``."""
+    def _prepare(self, worker_id: int,
+                 epoch: int) -> tuple[WorkerHandle, tuple[Connection, Connection]]:
+        """Pipes, spec and an unstarted process for ``worker_id``, starting in ``epoch``."""
         task_reader, task_writer = make_pipe()
         result_reader, result_writer = make_pipe()
         spec = dataclasses.replace(
             self.template,
             worker_id=worker_id,
-            epoch=self.epoch,
+            epoch=epoch,
             inherited_fds_to_close=inherited_fds.main_side_fds() if self.forking else (),
             restore=self.restores[worker_id],
         )
@@ -201,13 +200,15 @@ class WorkerGroup:
         self.waiter.watch_readable(handle.sentinel)
         _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
 
-    def restart(self, worker_id: int, restore: WorkerRestore | None = None) -> WorkerHandle:
-        """Replace a dead worker by a new process with the same id (and seed), started from
-        ``restore`` (its generators as of its last result) when the loader tracks state."""
+    def restart(self, worker_id: int, epoch: int,
+                restore: WorkerRestore | None = None) -> WorkerHandle:
+        """Replace a dead worker by a new process with the same id (and seed), in the
+        iterator's ``epoch``, started from ``restore`` (its generators as of its last result)
+        when the loader tracks state."""
         old = self.handles[worker_id]
         self._forget(old)
         self.restores[worker_id] = restore
-        handle, ends = self._prepare(worker_id)
+        handle, ends = self._prepare(worker_id, epoch)
         self.handles[worker_id] = handle
         self._launch(handle, ends)
         self._watch(handle)
@@ -250,16 +251,11 @@ class WorkerGroup:
 
     # -- talking ---------------------------------------------------------------------------------
 
-    def start_epoch(self, shared_seed: int | None = None) -> int:
-        """Move every worker on to the next epoch (``Resume``); returns the new epoch."""
-        self.epoch += 1
+    def start_epoch(self, epoch: int, shared_seed: int | None = None) -> None:
+        """Move every worker on to the iterator's ``epoch`` (``Resume``)."""
         self.template = dataclasses.replace(self.template, shared_seed=shared_seed)  # restarts
         for handle in self.handles:
-            handle.exhausted = False
-            if handle.state == WorkerState.EXHAUSTED:
-                handle.state = WorkerState.IDLE
-            self.send(handle.worker_id, Resume(self.epoch, shared_seed))
-        return self.epoch
+            self.send(handle.worker_id, Resume(epoch, shared_seed))
 
     def send(self, worker_id: int, message: Any) -> None:
         handle = self.handles[worker_id]
@@ -326,12 +322,9 @@ class WorkerGroup:
         return events
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
-        """A worker's lifecycle follows from what it said: ready, its iterable dataset ended."""
+        """A worker's lifecycle follows from what it said: it is ready."""
         if isinstance(message, WorkerReady):
             handle.state = WorkerState.IDLE
-        elif isinstance(message, IterableExhausted) and message.epoch == self.epoch:
-            handle.exhausted = True  # it ignores the rest of this epoch's tasks
-            handle.state = WorkerState.EXHAUSTED
 
     def _close_reader(self, handle: WorkerHandle) -> None:
         if handle.reader_open:
