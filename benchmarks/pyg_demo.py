@@ -225,9 +225,11 @@ def throughput_table(
             runs[row].append(measure(row, pipeline, server_pids))
     rates = {row: statistics.median(run.rate for run in runs[row]) for row in rows}
     nebula_pyg = rates.get(Row("nebula-pyg style", 2), float("nan"))
+    torch2 = rates.get(Row("torch", 2), float("nan"))
     torch8 = rates.get(Row("torch", 8), float("nan"))
     lines = [
-        f"{'loader':<33} {'batches/s':>9} {'vs nebula-pyg 2':>15} {'vs torch 8':>10} "
+        f"{'loader':<33} {'batches/s':>9} {'vs nebula-pyg 2':>15} {'vs torch 2':>10} "
+        f"{'vs torch 8':>10} "
         f"{'processes':>9} {'worker MB':>9} {'CPU ms/batch':>12} {'sessions left':>13} "
         f"{'wrong':>5}"
     ]
@@ -239,8 +241,8 @@ def throughput_table(
         left = max(run.sessions_left for run in done)
         lines.append(
             f"{row.name:<33} {rates[row]:>9.1f} {rates[row] / nebula_pyg:>14.2f}x "
-            f"{rates[row] / torch8:>9.2f}x {row.workers:>9} {uss:>9.0f} {cpu:>12.1f} "
-            f"{left:>13} {wrong:>5}"
+            f"{rates[row] / torch2:>9.2f}x {rates[row] / torch8:>9.2f}x {row.workers:>9} "
+            f"{uss:>9.0f} {cpu:>12.1f} {left:>13} {wrong:>5}"
         )
     return lines
 
