@@ -85,11 +85,12 @@ def train(pipeline: Pipeline, epochs: int) -> None:
     row = Row("mploader", 2, TRAIN_THREADS)
     started = time.perf_counter()
     first_loss = last_loss = 0.0
+    train_loader = make_loader(row, pipeline, train_seeds)  # reshuffled every epoch
     with mploader.install():  # PyG's loaders iterate on mploader's workers
         for _ in range(epochs):
             model.train()
             losses = []
-            for batch in make_loader(row, pipeline, train_seeds):
+            for batch in train_loader:
                 logits = model(batch.x, batch.edge_index)[: batch.batch_size]
                 loss = F.cross_entropy(logits, batch.y[: batch.batch_size])
                 optimiser.zero_grad()
