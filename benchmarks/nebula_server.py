@@ -3,9 +3,10 @@
     PYTHONPATH=. .venv/bin/python benchmarks/nebula_server.py               # latency 0 and 5 ms
     PYTHONPATH=. .venv/bin/python benchmarks/nebula_server.py --latency-ms 0,10 --seconds 3
 
-The query mix is the demo's (``examples/demo.py``): ``GO FROM <64 vids> OVER cites BIDIRECT``
-and ``FETCH PROP ON paper <512 vids>`` (features and labels) through nebula3's JSON interface,
-on the demo's 4000-node graph, every answer checked against :mod:`nebula_testing.citation`.
+The query mix is the first demo's (before ``examples/demo.py`` trained through PyG):
+``GO FROM <64 vids> OVER cites BIDIRECT`` and ``FETCH PROP ON paper <512 vids>`` (features and
+labels) through nebula3's JSON interface, on the demo's 4000-node graph, every answer checked
+against :mod:`nebula_testing.citation`.
 Client sessions run on threads spread over 4 client processes (each session its own
 connection), so the server sees ``sessions`` concurrent connections.  Reported per row:
 queries/s, the mean time a query took as its client saw it, and the server process's CPU per

@@ -7,7 +7,10 @@ here, not PyG's, which needs pyg-lib) gives the expected node sets and edges.
 
 from __future__ import annotations
 
+import os
+import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import NodeSamplerInput
 
 import mploader
+from mploader.integrations.nebula import NebulaHooks
 from mploader.integrations.nebula.pyg import (
     FEATURES,
     FLOAT,
@@ -369,6 +373,53 @@ def test_loader_on_mploader_workers_and_threads(
     assert all(torch.equal(a.edge_index, b.edge_index) and torch.equal(a.n_id, b.n_id)
                for a, b in zip(batches, again, strict=True))
     assert wait_for(lambda: session_ids(nebula_admin) == before)  # every session signed out
+
+
+class RecordingHooks(NebulaHooks):
+    """``NebulaHooks`` that append ``pid thread-name`` to a file for each session made."""
+
+    def __init__(self, hooks: NebulaHooks, record: Path) -> None:
+        super().__init__(hooks.addresses, hooks.user, hooks.password, hooks.space)
+        self.record = record
+
+    def create_session(self, info: Any) -> Any:
+        with self.record.open("a") as record:
+            record.write(f"{os.getpid()} {threading.current_thread().name}\n")
+        return super().create_session(info)
+
+
+def test_plain_node_loader_takes_worker_hooks_and_threads_set_as_attributes(
+    nebula_server: NebulaTarget, nebula_admin: Any, citation_stores: Any, tmp_path: Path
+) -> None:
+    """README: a plain ``NodeLoader`` (its constructor passes unknown keywords on to torch's,
+    which refuses them) gets ``worker_hooks``/``worker_threads`` as attributes set after
+    construction; under ``mploader.install()`` its workers use them."""
+    from torch_geometric.loader import NodeLoader
+
+    schema, hooks, stores = citation_stores
+    graph = nebula_server.graph
+    before = session_ids(nebula_admin)
+    sampler = NebulaNeighborSampler(schema, hooks, [2, 2])
+    loader = NodeLoader(stores, sampler, input_nodes=torch.arange(40), batch_size=8,
+                        num_workers=2, multiprocessing_context="fork")
+    loader.worker_hooks = RecordingHooks(hooks, tmp_path / "sessions")  # type: ignore[attr-defined]
+    loader.worker_threads = 2  # type: ignore[attr-defined]
+    with mploader.install():
+        iterator = iter(loader)
+        batches = list(iterator)
+        assert iterator.stats().worker_threads == 2
+    assert len(batches) == 5
+    for batch in batches:
+        ids = batch.n_id.numpy()
+        assert torch.equal(batch.x, torch.from_numpy(graph.features[ids]))
+        assert torch.equal(batch.y, torch.from_numpy(graph.labels[ids]))
+    made = [line.split() for line in (tmp_path / "sessions").read_text().splitlines()]
+    # NodeLoader samples and fetches in its collate_fn, on each worker's main thread: one
+    # session per worker process, made by the hooks (not a store's own per-process session)
+    assert sorted(thread for _, thread in made) == ["MainThread", "MainThread"]
+    assert len({pid for pid, _ in made}) == 2 and str(os.getpid()) not in {p for p, _ in made}
+    assert wait_for(lambda: session_ids(nebula_admin) == before)  # the hooks closed them
+    sampler.close()
 
 
 def test_worker_threads_need_mploader_installed(citation_stores: Any) -> None:
