@@ -120,8 +120,12 @@ class Publisher:
     """This process's registry of live iterators and the thread that publishes them."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()  # RLock: a weakref callback may run in the thread itself
+        # Taken by register/unregister and the thread, never by a finalizer: a collected
+        # iterator's weakref callback only appends its key to _collected, which the thread and
+        # the next register() take in.
+        self._lock = threading.RLock()
         self._registered: dict[int, _Registered] = {}  # id(iterator) -> entry
+        self._collected: list[int] = []
         self._loader_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -138,7 +142,8 @@ class Publisher:
             return
         key = id(iterator)
         with self._lock:
-            reference = weakref.ref(iterator, lambda _, key=key: self._forget(key))  # type: ignore[misc]
+            self._take_in_collected()
+            reference = weakref.ref(iterator, lambda _, key=key: self._collected.append(key))  # type: ignore[misc]
             self._registered[key] = _Registered(next(self._loader_ids), reference,
                                                 type(iterator).__name__)
             if self._thread is None:
@@ -158,10 +163,20 @@ class Publisher:
             self._wake.set()  # the thread ends
             self.remove_file()
 
+    def _take_in_collected(self) -> None:
+        """Forget the iterators collected since last time (their weakref callbacks only noted
+        them).  With the lock held; the caller sees whether any is left."""
+        while self._collected:
+            key = self._collected.pop()
+            entry = self._registered.get(key)
+            if entry is not None and entry.iterator() is None:  # not a new one at the same id
+                del self._registered[key]
+
     def after_fork_in_child(self) -> None:
         """A forked child inherits the registry but not the thread: start afresh."""
         self._lock = threading.RLock()
         self._registered = {}
+        self._collected = []
         self._thread = None
         self._wake = threading.Event()
         self._pid = os.getpid()
@@ -175,8 +190,10 @@ class Publisher:
             self._wake.wait(PUBLISH_INTERVAL_SECONDS)
             with self._lock:
                 self._wake.clear()
+                self._take_in_collected()
                 if not self._registered or self._disabled:
                     self._thread = None
+                    self.remove_file()  # the last iterators were collected: no file of ours
                     return
             try:
                 self._round()
@@ -201,6 +218,7 @@ class Publisher:
         for entry in entries:
             self._refresh_view(entry)
         with self._lock:  # publish only what is still registered: a file must not outlive them
+            self._take_in_collected()
             if self._disabled or not self._registered:
                 return
             loaders = [entry.view for entry in self._registered.values() if entry.view]

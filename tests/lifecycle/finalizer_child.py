@@ -9,9 +9,9 @@ took that lock (or waited for work a lock guards) would hang here for good.
 
 ``WHERE`` is ``main`` (the second loader runs in the main thread), ``thread`` (in another thread:
 the finalizers run there) or ``exit`` (as ``main``, then the process exits with more unreachable
-iterators left to finalize at interpreter exit).  The last line of stdout is a JSON report: the
-points probed, the garbage iterators' worker pids and loader tags, for the test to check that
-nothing of them is left.
+iterators left to finalize at interpreter exit, with the probe on).  Each line of stdout is a JSON
+report: the points probed, the garbage iterators' worker pids and loader tags, for the test to
+check that nothing of them is left; under ``exit``, a last line names the points probed at exit.
 
 Which thread holds a lock is known because ``threading.Lock``/``RLock`` made by mploader's modules
 are real locks behind a counting wrapper, installed before mploader is imported.
@@ -19,6 +19,7 @@ are real locks behind a counting wrapper, installed before mploader is imported.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import gc
 import json
@@ -29,9 +30,11 @@ from typing import Any
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN_PID = os.getpid()
-# More iterators than points with a lock held that one loader's life calls into (about 60 under
-# spawn, the most): a run that used them all would not have probed every point.
-RESERVE = 90
+# More iterators than points with a lock held that one loader's life calls into (112 under fork,
+# 123 under spawn and forkserver): a run that used them all would not have probed every point.
+RESERVE = 150
+# At exit: the points of the remaining shutdowns (about 40).
+RESERVE_AT_EXIT = 60
 _held = threading.local()  # .depth: how many mploader locks this thread holds
 
 
@@ -78,6 +81,16 @@ def _counting(factory: Any) -> Any:
 threading.Lock = _counting(threading.Lock)  # type: ignore[misc]
 threading.RLock = _counting(threading.RLock)  # type: ignore[misc]
 
+
+
+def _report_exit() -> None:
+    """Registered before mploader's own exit hook, so it runs after it."""
+    if _kept is not None:
+        print(json.dumps({"exit_probed": _kept.probed, "reserve_left": len(_kept.cycles)}),
+              flush=True)
+
+
+atexit.register(_report_exit)
 sys.path.insert(0, REPOSITORY)
 import mploader  # noqa: E402
 
@@ -145,32 +158,38 @@ def main() -> None:
         mploader.DataLoader([0], num_workers=1, multiprocessing_context=start_method)
     gc.disable()  # collections happen at the probes only
     gc.freeze()  # and skip what was made before: a full collection takes microseconds
-    reserve = Reserve(RESERVE)
+    reserve = Reserve(RESERVE_AT_EXIT if where == "exit" else RESERVE)
     at_exit = Reserve(3) if where == "exit" else None
     install_probe(reserve)
-    if where == "thread":
+    if where == "exit":
+        pass  # the loaders are finalized at exit, with the probe on
+    elif where == "thread":
         thread = threading.Thread(target=second_loader, args=(start_method,))
         thread.start()
         thread.join()
     else:
         second_loader(start_method)
-    sys.setprofile(None)
-    threading.setprofile(None)
-    left = len(reserve.cycles)
-    if where != "exit":
-        reserve.cycles.clear()
-        gc.collect()
-    extra = at_exit or reserve
     print(json.dumps({
-        "probed": reserve.probed, "reserve_left": left,
+        "probed": reserve.probed, "reserve_left": len(reserve.cycles),
         "pids": reserve.pids + (at_exit.pids if at_exit else []),
         "tags": reserve.tags + (at_exit.tags if at_exit else []),
-        "pending_at_exit": len(extra.cycles) if where == "exit" else 0,
+        "pending_at_exit": len(at_exit.cycles) if at_exit else 0,
     }), flush=True)
-    if where == "exit":
-        install_probe(reserve)  # the exit's own collections run with the probe too
-    faulthandler.cancel_dump_traceback_later()
-    faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+    if at_exit is None:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        reserve.cycles.clear()
+        gc.collect()
+        return
+    # Exit with the probe on: the three iterators dropped now are finalized by the exit hooks,
+    # and every lock those shutdowns take finalizes one more from the reserve, kept reachable
+    # from this module until then.
+    global _kept
+    _kept = reserve
+    at_exit.cycles.clear()
+
+
+_kept: Reserve | None = None
 
 
 if __name__ == "__main__":

@@ -35,7 +35,10 @@ def run_child(start_method: str, where: str) -> dict:
         f"the child failed (exit {result.returncode}); a hang dumps its stacks:\n"
         f"{result.stderr[-6000:]}"
     )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    report: dict = {}
+    for line in result.stdout.strip().splitlines():
+        report.update(json.loads(line))
+    return report
 
 
 def assert_nothing_left(report: dict) -> None:
@@ -45,7 +48,9 @@ def assert_nothing_left(report: dict) -> None:
     assert left == [], f"blocks or lock files of finalized iterators left: {left}"
 
 
-@pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.parametrize(("start_method", "where"), [
+    ("fork", "main"), ("spawn", "main"), ("forkserver", "main"), ("fork", "thread"),
+])
 def test_finalized_inside_every_lock(start_method: str, where: str) -> None:
     report = run_child(start_method, where)
     # every point probed had an iterator to finalize, and the points include the lock of the
@@ -58,8 +63,9 @@ def test_finalized_inside_every_lock(start_method: str, where: str) -> None:
     assert_nothing_left(report)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-def test_finalized_at_interpreter_exit(start_method: str) -> None:
-    report = run_child(start_method, "exit")
+def test_finalized_at_interpreter_exit() -> None:
+    report = run_child("fork", "exit")
     assert report["pending_at_exit"] > 0
+    assert report["reserve_left"] > 0, "the reserve ran out: some points were not probed"
+    assert "process/inherited_fds.py:remove_main_side_fds" in report["exit_probed"]
     assert_nothing_left(report)
