@@ -12,7 +12,8 @@ snapshot of each registered iterator (``iterator.stats()`` plus rates since the 
 else ``/tmp/mploader-<uid>``: made 0700, and used only while it is a real directory (not a
 symlink) owned by this user and closed to others; files are 0600.  Anything else, and any error,
 turns publishing off for the process with one log line: publishing never breaks a loader.  The
-file goes when the last iterator unregisters, when nobody watches any more, and at interpreter
+file goes when the last iterator unregisters or is collected (then removed by the thread, woken at
+once: a weakref callback does no file work), when nobody watches any more, and at interpreter
 exit; a killed process's file is removed by the next ``top`` that finds its pid dead.
 ``MPLOADER_PUBLISH=0`` turns publishing off.
 """
@@ -25,6 +26,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import stat
 import tempfile
 import threading
@@ -128,7 +130,8 @@ class Publisher:
         self._collected: list[int] = []
         self._loader_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        # Wakes the thread early; SimpleQueue.put takes no lock, so a weakref callback may call it.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._pid = os.getpid()
         self._disabled = os.environ.get("MPLOADER_PUBLISH", "1") == "0"
         self._directory: Path | None = None
@@ -143,7 +146,7 @@ class Publisher:
         key = id(iterator)
         with self._lock:
             self._take_in_collected()
-            reference = weakref.ref(iterator, lambda _, key=key: self._collected.append(key))  # type: ignore[misc]
+            reference = weakref.ref(iterator, lambda _, key=key: self._note_collected(key))  # type: ignore[misc]
             self._registered[key] = _Registered(next(self._loader_ids), reference,
                                                 type(iterator).__name__)
             if self._thread is None:
@@ -160,8 +163,15 @@ class Publisher:
         with self._lock:
             if self._registered.pop(key, None) is None or self._registered:
                 return
-            self._wake.set()  # the thread ends
+            self._wake.put(None)  # the thread ends
             self.remove_file()
+
+    def _note_collected(self, key: int) -> None:
+        """A registered iterator was collected: the weakref callback, a finalizer, so no lock
+        and no file work here; the thread, woken, forgets it and removes the file if it was the
+        last (mploader.finalizers)."""
+        self._collected.append(key)
+        self._wake.put(None)
 
     def _take_in_collected(self) -> None:
         """Forget the iterators collected since last time (their weakref callbacks only noted
@@ -178,7 +188,7 @@ class Publisher:
         self._registered = {}
         self._collected = []
         self._thread = None
-        self._wake = threading.Event()
+        self._wake = queue.SimpleQueue()
         self._pid = os.getpid()
         self._published = False
         self._process = None
@@ -187,9 +197,11 @@ class Publisher:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(PUBLISH_INTERVAL_SECONDS)
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=PUBLISH_INTERVAL_SECONDS)
             with self._lock:
-                self._wake.clear()
+                while not self._wake.empty():
+                    self._wake.get_nowait()
                 self._take_in_collected()
                 if not self._registered or self._disabled:
                     self._thread = None
