@@ -69,3 +69,34 @@ def test_finalized_at_interpreter_exit() -> None:
     assert report["reserve_left"] > 0, "the reserve ran out: some points were not probed"
     assert "process/inherited_fds.py:remove_main_side_fds" in report["exit_probed"]
     assert_nothing_left(report)
+
+
+class _Owner:
+    pass
+
+
+def test_a_collection_only_queues_the_call() -> None:
+    """The call is made by the finalizer thread, not by the thread that collected; explicitly
+    called first, it runs there, once."""
+    import gc
+    import threading
+
+    from mploader import finalizers
+
+    threads: list[str] = []
+    owner = _Owner()
+    owner.cycle = owner  # type: ignore[attr-defined]
+    finalizers.finalize(owner, lambda: threads.append(threading.current_thread().name))
+    del owner
+    gc.collect()
+    assert finalizers.settle(10)
+    assert threads == ["mploader-finalizer"]
+
+    explicit = _Owner()
+    handle = finalizers.finalize(explicit, lambda: threads.append("explicit"))
+    handle()
+    handle()
+    del explicit
+    gc.collect()
+    assert finalizers.settle(10)
+    assert threads == ["mploader-finalizer", "explicit"]
