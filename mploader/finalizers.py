@@ -99,6 +99,8 @@ def settle(timeout: float | None = None) -> bool:
     """Wait until the calls queued so far have been made; False if ``timeout`` ran out.  For
     tests and exit paths: never call it from a finalizer or with a lock held."""
     state = _state
+    if state.thread is threading.current_thread():
+        return False  # it would wait for itself
     if state.thread is None or not state.thread.is_alive():
         _run_queued(state)
         return True

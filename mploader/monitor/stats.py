@@ -11,9 +11,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from mploader import finalizers
 from mploader.monitor.events import WorkerState
 
 MB = 2**20
+# A dropped iterator's shutdown (workers asked to stop, then terminated: process/group.py) ends
+# within about 7 s; its final snapshot is recorded then.
+FINAL_SNAPSHOT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,9 @@ class LatestStats:
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is not None:
             return iterator.stats()  # type: ignore[no-any-return]
+        if self._final is None and self._iterator is not None:
+            # a dropped iterator leaves its snapshot from the finalizer thread: wait for it
+            finalizers.settle(FINAL_SNAPSHOT_SECONDS)
         if self._final is not None:
             return self._final
         if self._iterator is None:
