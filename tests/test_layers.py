@@ -1,8 +1,9 @@
 """Imports run one way through the package's layers (see README, "Layout").
 
-iterator -> process -> worker -> channel; ``config`` and ``errors`` are leaves; ``monitor`` is a
-side service every layer may call and that imports none of them.  A module outside these folders
-(the public face: ``loader``, ``_install``, ``__init__``, ``__main__``) may import anything.
+iterator -> process -> worker -> channel; ``config``, ``errors`` and ``finalizers`` are leaves;
+``monitor`` is a side service every layer may call and that imports none of them.  A module
+outside these folders (the public face: ``loader``, ``_install``, ``__init__``, ``__main__``) may
+import anything.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mploader"
 
-LEAVES = {"config", "errors"}
+LEAVES = {"config", "errors", "finalizers"}
 MAY_IMPORT = {
     "iterator": {"process", "worker", "channel", "monitor"} | LEAVES,
     "process": {"worker", "channel", "monitor"} | LEAVES,
@@ -26,6 +27,7 @@ MAY_IMPORT = {
     "integrations": {"worker"} | LEAVES,
     "config": set(),
     "errors": set(),
+    "finalizers": set(),
 }
 
 

@@ -6,7 +6,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mploader import finalizers
 from mploader.monitor.stats import LoaderStats
+
+# A dropped iterator's shutdown (workers asked to stop, then terminated: process/group.py) ends
+# within about 7 s; its final snapshot is recorded then.
+FINAL_SNAPSHOT_SECONDS = 10.0
 
 
 class LatestStats:
@@ -43,6 +48,9 @@ class LatestStats:
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is not None:
             return iterator.stats()  # type: ignore[no-any-return]
+        if self._final is None and self._iterator is not None:
+            # a dropped iterator leaves its snapshot from the finalizer thread: wait for it
+            finalizers.settle(FINAL_SNAPSHOT_SECONDS)
         if self._final is not None:
             return self._final
         if self._iterator is None:

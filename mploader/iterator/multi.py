@@ -26,11 +26,11 @@ import multiprocessing
 import os
 import threading
 import time
-import weakref
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from mploader import finalizers
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
 from mploader.errors import (
@@ -102,7 +102,9 @@ class MultiProcessIterator(BaseIterator):
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         # This iterator's number with the loader: its final snapshot counts only if it is the last
         self._followed_as = latest.follow(self) if latest is not None else 1
-        self._finalizer = weakref.finalize(
+        # Collected, it is shut down by the finalizer thread, never where the collector ran (a
+        # thread holding a lock the shutdown takes): mploader.finalizers.
+        self._finalizer = finalizers.finalize(
             self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
             self._monitor, settings.latest_stats, self._followed_as,
         )

@@ -12,7 +12,8 @@ snapshot of each registered iterator (``iterator.stats()`` plus rates since the 
 else ``/tmp/mploader-<uid>``: made 0700, and used only while it is a real directory (not a
 symlink) owned by this user and closed to others; files are 0600.  Anything else, and any error,
 turns publishing off for the process with one log line: publishing never breaks a loader.  The
-file goes when the last iterator unregisters, when nobody watches any more, and at interpreter
+file goes when the last iterator unregisters or is collected (then removed by the thread, woken at
+once: a weakref callback does no file work), when nobody watches any more, and at interpreter
 exit; a killed process's file is removed by the next ``top`` that finds its pid dead.
 ``MPLOADER_PUBLISH=0`` turns publishing off.
 """
@@ -24,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -61,11 +63,16 @@ class Publisher:
     """This process's registry of live iterators and the thread that publishes them."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()  # RLock: a weakref callback may run in the thread itself
+        # Taken by register/unregister and the thread, never by a finalizer: a collected
+        # iterator's weakref callback only appends its key to _collected, which the thread and
+        # the next register() take in.
+        self._lock = threading.RLock()
         self._registered: dict[int, _Registered] = {}  # id(iterator) -> entry
+        self._collected: list[int] = []
         self._loader_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        # Wakes the thread early; SimpleQueue.put takes no lock, so a weakref callback may call it.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._pid = os.getpid()
         self._disabled = os.environ.get("MPLOADER_PUBLISH", "1") == "0"
         self._directory: Path | None = None
@@ -79,7 +86,8 @@ class Publisher:
             return
         key = id(iterator)
         with self._lock:
-            reference = weakref.ref(iterator, lambda _, key=key: self._forget(key))  # type: ignore[misc]
+            self._take_in_collected()
+            reference = weakref.ref(iterator, lambda _, key=key: self._note_collected(key))  # type: ignore[misc]
             self._registered[key] = _Registered(next(self._loader_ids), reference,
                                                 type(iterator).__name__)
             if self._thread is None:
@@ -96,15 +104,32 @@ class Publisher:
         with self._lock:
             if self._registered.pop(key, None) is None or self._registered:
                 return
-            self._wake.set()  # the thread ends
+            self._wake.put(None)  # the thread ends
             self.remove_file()
+
+    def _note_collected(self, key: int) -> None:
+        """A registered iterator was collected: the weakref callback, a finalizer, so no lock
+        and no file work here; the thread, woken, forgets it and removes the file if it was the
+        last (mploader.finalizers)."""
+        self._collected.append(key)
+        self._wake.put(None)
+
+    def _take_in_collected(self) -> None:
+        """Forget the iterators collected since last time (their weakref callbacks only noted
+        them).  With the lock held; the caller sees whether any is left."""
+        while self._collected:
+            key = self._collected.pop()
+            entry = self._registered.get(key)
+            if entry is not None and entry.iterator() is None:  # not a new one at the same id
+                del self._registered[key]
 
     def after_fork_in_child(self) -> None:
         """A forked child inherits the registry but not the thread: start afresh."""
         self._lock = threading.RLock()
         self._registered = {}
+        self._collected = []
         self._thread = None
-        self._wake = threading.Event()
+        self._wake = queue.SimpleQueue()
         self._pid = os.getpid()
         self._published = False
         self._process = None
@@ -113,11 +138,15 @@ class Publisher:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(PUBLISH_INTERVAL_SECONDS)
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=PUBLISH_INTERVAL_SECONDS)
             with self._lock:
-                self._wake.clear()
+                while not self._wake.empty():
+                    self._wake.get_nowait()
+                self._take_in_collected()
                 if not self._registered or self._disabled:
                     self._thread = None
+                    self.remove_file()  # the last iterators were collected: no file of ours
                     return
             try:
                 self._round()
@@ -142,6 +171,7 @@ class Publisher:
         for entry in entries:
             self._refresh_view(entry)
         with self._lock:  # publish only what is still registered: a file must not outlive them
+            self._take_in_collected()
             if self._disabled or not self._registered:
                 return
             loaders = [entry.view for entry in self._registered.values() if entry.view]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from typing import Any
 
+from mploader import finalizers
 from mploader.iterator import publisher
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
@@ -38,7 +38,7 @@ class SingleProcessIterator(BaseIterator):
             info = make_worker_info(0, 1, self._base_seed, self._dataset)
             activate_hooks(settings.worker_hooks, info)
             self._hooks_active = True
-            self._finalizer = weakref.finalize(self, _deactivate_hooks_in, os.getpid())
+            self._finalizer = finalizers.finalize(self, _deactivate_hooks_in, os.getpid())
         shard_in_main_process(self._dataset, self._world_size, self._rank)
         plan = self._resume_plan
         if plan is None:
@@ -59,7 +59,7 @@ class SingleProcessIterator(BaseIterator):
         self._monitor.epoch_started(self._begin_loader_epoch(first_iter=True), constructed_at)
         self._followed_as = latest.follow(self) if latest is not None else 1
         if latest is not None:
-            weakref.finalize(self, _record_final, self._monitor, latest, self._followed_as)
+            finalizers.finalize(self, _record_final, self._monitor, latest, self._followed_as)
         publisher.register(self)  # for `python -m mploader top`, until the epoch ends
 
     def stats(self) -> LoaderStats:

@@ -37,8 +37,9 @@ import logging
 import os
 import tempfile
 import threading
-import weakref
 from typing import Any
+
+from mploader import finalizers
 
 _log = logging.getLogger("mploader")
 
@@ -62,8 +63,8 @@ def _microseconds(seconds: float) -> float:
 class Tracer:
     """Collects a loader's events and appends them to ``path`` (see the module docstring).
 
-    Iterators call it from the thread that iterates and, at shutdown, possibly from a finalizer:
-    adding an event is one ``list.append``; flushes take a lock."""
+    Iterators call it from the thread that iterates and, at shutdown, possibly from the finalizer
+    thread (mploader.finalizers): adding an event is one ``list.append``; flushes take a lock."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -74,7 +75,7 @@ class Tracer:
         self._file.add_metadata([{"ph": "M", "name": "thread_name", "pid": self.main_pid,
                                   "tid": STARTUP_TID, "args": {"name": "start-up"}}])
         # Events not yet written reach the file when the loader is collected or at exit.
-        weakref.finalize(self, self._file.flush)
+        finalizers.finalize(self, self._file.flush)  # in the finalizer thread: it takes a lock
 
     def _name_process(self, pid: int, name: str, sort_index: int) -> None:
         if pid in self._named:

@@ -1,8 +1,9 @@
 """The worker processes of one iterator: start, talk, watch, stop.
 
 This object holds everything that must be cleaned up, and nothing that refers back to the
-iterator, so a ``weakref.finalize`` on the iterator can shut it down when the iterator is
-garbage-collected or the interpreter exits.
+iterator, so that the iterator's finalizer (``mploader.finalizers``: run by the finalizer thread,
+never inside a collection) can shut it down when the iterator is garbage-collected or the
+interpreter exits.
 """
 
 from __future__ import annotations

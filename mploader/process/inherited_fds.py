@@ -12,6 +12,9 @@ import threading
 from mploader.worker.inherited import InheritedFds, fd_identity
 
 _main_side_fds: dict[int, tuple[int, int]] = {}
+# Taken by worker groups as they prepare, restart and shut down workers: from the iterating thread
+# or the finalizer thread, never inside a collection (a collected iterator's shutdown is queued to
+# that thread: mploader.finalizers), so a thread holding it never waits for itself (issue 22).
 _lock = threading.Lock()
 
 

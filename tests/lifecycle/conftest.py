@@ -7,6 +7,7 @@ import time
 import psutil
 import pytest
 
+from mploader import finalizers
 from tests.leaks import leaked_entries, shm_entries
 
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -106,6 +107,7 @@ def no_leftovers():
     fds_before, helpers_before = _open_fds(), _helpers()
     yield
     gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
+    finalizers.settle(10)  # and shut down by the finalizer thread
     leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
     assert not leftover, f"worker processes left behind: {leftover}"
     leaked = leaked_entries(shm_before)

@@ -389,6 +389,7 @@ FULL_SHM = """
             print("message", error)
         del loader
         gc.collect()  # the iterator, in a cycle with the error's traceback, is gone
+        mploader.finalizers.settle(10)  # and shut down by the finalizer thread
         print("left", sorted(os.listdir("/dev/shm")))
 """
 

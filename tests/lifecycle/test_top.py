@@ -83,7 +83,9 @@ def test_top_lists_a_loader_in_another_process_and_nothing_once_it_ended(
             assert stat.S_IMODE(os.lstat(file).st_mode) == 0o600
             (tmp_path / "stop").touch()
             assert loader.stdout.readline() == "ended\n"
-            assert not file.exists()  # removed by the loader itself, its process still running
+            # removed by the loader itself (its publishing thread, woken when the iterator was
+            # collected), its process still running
+            assert _gone_within(file, seconds=5)
         else:
             assert f"pid {loader.pid} " in _top_once(capsys)
             loader.send_signal(signal.SIGKILL)
@@ -161,7 +163,8 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         assert f"{os.getpid()}.json" in seen
         assert f"pid {os.getpid()}  loader 1  epoch 0  " in frames[0], frames
         assert ("no workers" in frames[0]) == ("num_workers=0" in case), frames
-        assert not (directory / f"{os.getpid()}.json").exists()  # gone with the loader
+        # gone with the loader (the iterator collected at the break: removed by the thread)
+        assert _gone_within(directory / f"{os.getpid()}.json", seconds=5)
     else:
         assert seen == set()
     warnings = [record.getMessage() for record in caplog.records
@@ -170,3 +173,12 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         assert len(warnings) == 1 and "symlink" in warnings[0], warnings
     else:
         assert warnings == []
+
+
+def _gone_within(path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

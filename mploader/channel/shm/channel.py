@@ -188,7 +188,12 @@ class _ReleaseRoute:
     shared by all leases of one channel.
 
     Finalizers run in whatever thread drops the last view, possibly inside a garbage collection
-    that interrupts this channel's own code, hence a re-entrant lock. In a forked child (which
+    that interrupts this channel's own code while it holds ``lock``: so :meth:`release` takes no
+    lock (mploader.finalizers).  Each of its steps is atomic under the GIL (a set's ``discard``
+    and ``in``, a deque's ``append``, reading a flag): the release itself is appended to
+    ``pending``, which the iterator drains (``MainChannel.take_releases``).  ``lock`` guards the
+    channel's tables (workers, departed workers, their mappings, reported statistics);
+    ``released`` is counted from the ``finished`` deque under it.  In a forked child (which
     inherits our leases), nothing is reported.
 
     A child forked while a lease is alive holds the lease's views too (its copy of our memory
@@ -201,7 +206,8 @@ class _ReleaseRoute:
         self.lock = threading.RLock()
         self.open = True
         self.main_pid = os.getpid()
-        self.released = 0
+        self._released = 0
+        self._finished: deque[None] = deque()  # one entry per release not yet counted
         self.live: set[tuple[int, int, int]] = set()  # (worker pid, block id, generation)
         self.inherited: set[tuple[int, int, int]] = set()  # live at a fork
         _routes.add(self)
@@ -214,19 +220,29 @@ class _ReleaseRoute:
         if os.getpid() == self.main_pid:
             self.inherited.update(self.live)
 
+    @property
+    def released(self) -> int:
+        """Releases so far (with ``lock`` held: counts those the finalizers noted)."""
+        while self._finished:
+            self._finished.popleft()
+            self._released += 1
+        return self._released
+
     def release(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        """A lease's finalizer (or a discard): no lock, atomic steps only (see the class)."""
         if os.getpid() != self.main_pid:
             return
         key = (incarnation.worker_pid, block_id, generation)
-        with self.lock:
-            self.released += 1
-            self.live.discard(key)
-            inherited = key in self.inherited
-            self.inherited.discard(key)
-            if not (self.open and incarnation.alive):
-                return
-            self.pending.append(
-                BlockRelease(incarnation.worker_id, block_id, generation, retire=inherited))
+        self._finished.append(None)
+        self.live.discard(key)
+        # A fork between these two lines sees the key in neither set: the child cannot have
+        # taken a view of a lease whose last view is gone.
+        inherited = key in self.inherited
+        self.inherited.discard(key)
+        if not (self.open and incarnation.alive):
+            return  # a release racing close() or forget_worker(): nobody to tell
+        self.pending.append(
+            BlockRelease(incarnation.worker_id, block_id, generation, retire=inherited))
 
     def take(self) -> list[BlockRelease]:
         """Every queued release, oldest first (``popleft`` is atomic against finalizers)."""
