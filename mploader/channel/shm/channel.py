@@ -215,6 +215,7 @@ class _ReleaseRoute:
             self.inherited.update(self.live)
 
     def release(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        """A lease's last view died (its finalizer)."""
         if os.getpid() != self.main_pid:
             return
         key = (incarnation.worker_pid, block_id, generation)
@@ -223,10 +224,18 @@ class _ReleaseRoute:
             self.live.discard(key)
             inherited = key in self.inherited
             self.inherited.discard(key)
-            if not (self.open and incarnation.alive):
-                return
-            self.pending.append(
-                BlockRelease(incarnation.worker_id, block_id, generation, retire=inherited))
+            self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation,
+                                                  retire=inherited))
+
+    def hand_back(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        """A payload discarded without decoding: no lease was made, so none ends; the block
+        just goes back."""
+        with self.lock:
+            self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation))
+
+    def _queue(self, incarnation: _WorkerIncarnation, release: BlockRelease) -> None:
+        if self.open and incarnation.alive:
+            self.pending.append(release)
 
     def take(self) -> list[BlockRelease]:
         """Every queued release, oldest first (``popleft`` is atomic against finalizers)."""
@@ -283,7 +292,6 @@ class MainChannel:
         self._reported: dict[int, tuple] = {}
         self._decodes = 0
         self._discards = 0
-        self._leases = 0
         self._closed = False
 
     def take_releases(self) -> list[BlockRelease]:
@@ -312,7 +320,7 @@ class MainChannel:
         if block_ref is not None:
             block_id, generation = block_ref[0], block_ref[1]
             if incarnation.alive:
-                self._route.release(incarnation, block_id, generation)
+                self._route.hand_back(incarnation, block_id, generation)
             else:
                 self._settle_departed(incarnation, block_id)
 
@@ -360,7 +368,7 @@ class MainChannel:
                 workers=workers,
                 mapped_blocks=len(mappings),
                 mapped_bytes=sum(mapping.size for mapping in mappings),
-                live_batches=self._leases - self._route.released,
+                live_batches=len(self._route.live),
                 decodes=self._decodes,
                 discards=self._discards,
                 releases=self._route.released,
@@ -444,7 +452,6 @@ class MainChannel:
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
-        self._leases += 1
         return np.asarray(lease)
 
     def _retain(
