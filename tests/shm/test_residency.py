@@ -137,3 +137,30 @@ def block_mappings() -> set[tuple[str, str]]:
             for fields in (line.split() for line in maps)
             if len(fields) >= 6 and os.path.basename(fields[5]).startswith("mploader-")
         }
+
+
+class SlowFilled(Filled):
+    """``Filled`` whose items take a while: the consumer's releases reach the worker's pipe while
+    it fetches."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.03)
+        return super().__getitem__(index)
+
+
+def test_a_release_that_arrived_during_the_fetch_is_used():
+    """The consumer drops each batch before asking for the next, so when the worker is the slow
+    side, the block of batch n is free again (its release reached the worker's pipe while the
+    worker fetched batch n + 1) by the time batch n + 1 is encoded: one block carries the whole
+    epoch, none is made for nothing."""
+    loader = mploader.DataLoader(SlowFilled(10), batch_size=None, num_workers=1,
+                                 multiprocessing_context="fork", persistent_workers=True)
+    iterator = iter(loader)
+    for number in range(10):
+        batch = next(iterator)
+        assert float(batch[0]) == number
+        del batch
+    pool = iterator.stats().channel.workers[0]
+    assert pool.blocks == 1, pool
+    assert pool.reuse_misses == 1, pool
+    del iterator, loader
