@@ -33,6 +33,7 @@ from mploader.channel.forking import forking_own_worker
 from mploader.channel.protocol import BlockRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
+from mploader.channel.shm.copier import Copier, copy_threads
 from mploader.channel.shm.errors import BlockVanishedError
 from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
 from mploader.channel.shm.names import (
@@ -74,6 +75,7 @@ class WorkerChannel:
         budget = config.effective_budget_bytes() // max(num_workers, 1)
         self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
                                pipeline_depth)
+        self._copier = Copier(copy_threads(num_workers))
         self._inline_leaves = 0
         self._block_leaves = 0
         self._messages = 0
@@ -119,6 +121,7 @@ class WorkerChannel:
         if self._closed:
             return
         self._closed = True
+        self._copier.close()
         self._pool.close()
         self._let_go()
 
@@ -147,7 +150,7 @@ class WorkerChannel:
         if encoder.block_bytes:
             block = self._pool.acquire(encoder.block_bytes)
             try:
-                encoder.fill(block.array)
+                encoder.fill(block.array, self._copier)
             except BaseException:
                 self._pool.release(block.block_id, block.generation)  # never sent: free again
                 raise
