@@ -381,6 +381,23 @@ def build_workloads(quick: bool) -> list[Workload]:
         {"batch_size": ITEMS_PER_LARGE_BATCH, "num_workers": 1, **fork},
         _large_collate_expected(), touch_pages, batches, warm, cleanup=collate_base.drop,
     ))
+    # The same two with persistent workers: one untimed epoch (the pool grows to what the loop
+    # holds), then a whole epoch timed, epoch boundary included: the steady state of training.
+    persistent = {"persistent_workers": True}
+    workloads.append(Workload(
+        "large_persistent", "throughput", "large with persistent_workers=True, second epoch",
+        "285 ms/batch", 3.0, 4.0,
+        FreshLargeArrays, {"batch_size": None, "num_workers": 1, **fork, **persistent},
+        _large_expected(), touch_pages, batches, 0,
+    ))
+    workloads.append(Workload(
+        "large_collate_persistent", "throughput",
+        "large_collate with persistent_workers=True, second epoch",
+        "320 ms/batch", 5.0, 8.0,
+        collate_base.dataset,
+        {"batch_size": ITEMS_PER_LARGE_BATCH, "num_workers": 1, **fork, **persistent},
+        _large_collate_expected(), touch_pages, batches, 0, cleanup=collate_base.drop,
+    ))
     batches, warm = sizes((330, 30), (100, 20))
     workloads.append(Workload(
         "medium", "throughput", "2 workers, 32 uint8 images 3x224x224 (4.8 MB)",
@@ -464,8 +481,59 @@ def channel_summary(iterator: Any) -> dict[str, Any] | None:
         "reuse_hits": sum(pool.reuse_hits for pool in pools),
         "reuse_misses": sum(pool.reuse_misses for pool in pools),
         "pool_bytes": sum(pool.bytes for pool in pools),
+        "blocks": sum(pool.blocks for pool in pools),
+        "evictions": sum(pool.evictions for pool in pools),
         "beyond_budget": sum(pool.spills for pool in pools),
+        "held": channel.live_batches,
     }
+
+
+def page_faults(pid: int) -> tuple[int, int]:
+    """(minor, major) page faults of ``pid`` so far, from ``/proc/<pid>/stat``; (0, 0) if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0, 0
+    return int(fields[7]), int(fields[9])
+
+
+def worker_pids(iterator: Any) -> list[int]:
+    """The worker processes of either loader's iterator."""
+    stats = getattr(iterator, "stats", None)
+    if stats is not None:  # mploader: its public snapshot
+        return [worker.pid for worker in stats().workers if worker.pid]
+    return [process.pid for process in getattr(iterator, "_workers", [])]
+
+
+class FaultClock:
+    """Page faults of the main process and of the workers between :meth:`start` and :meth:`stop`
+    (per batch: summed over the workers)."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self.before: dict[int, tuple[int, int]] = {}
+        self.faults: dict[str, tuple[int, int]] = {}
+
+    def start(self, iterator: Any) -> None:
+        self.pids = [os.getpid(), *worker_pids(iterator)]
+        self.before = {pid: page_faults(pid) for pid in self.pids}
+
+    def stop(self) -> None:
+        after = {pid: page_faults(pid) for pid in self.pids}
+        deltas = [
+            (after[pid][0] - self.before[pid][0], after[pid][1] - self.before[pid][1])
+            for pid in self.pids
+        ]
+        workers = deltas[1:]
+        self.faults = {
+            "main": deltas[0],
+            "workers": (sum(minor for minor, _ in workers), sum(major for _, major in workers)),
+        }
+
+    def per_batch(self, batches: int) -> dict[str, list[float]]:
+        return {side: [count / batches for count in counts]
+                for side, counts in self.faults.items()}
 
 
 def run_throughput(loader_class: type, workload: Workload, dataset: Any,
@@ -473,18 +541,33 @@ def run_throughput(loader_class: type, workload: Workload, dataset: Any,
     loader = loader_class(dataset, **workload.loader_kwargs)
     total = len(loader)
     assert total == workload.batches, (total, workload.batches)
+    persistent = workload.loader_kwargs.get("persistent_workers", False)
+    where = f"{workload.name} ({loader_class.__module__})"
+    faults = FaultClock()
     iterator = iter(loader)
     try:
-        started = time.perf_counter()
+        if persistent:  # a whole untimed epoch first; the clock covers the next one, iter() on
+            for number, batch in enumerate(iterator):
+                verify(batch, expected[number], workload.checksum,
+                       f"{where} epoch 0 batch {number}")
+                del batch
+            faults.start(iterator)
+            started = time.perf_counter()
+            iterator = iter(loader)
+        else:
+            faults.start(iterator)
+            started = time.perf_counter()
         for number in range(total):
             batch = next(iterator)
-            verify(batch, expected[number], workload.checksum,
-                   f"{workload.name} ({loader_class.__module__}) batch {number}")
+            verify(batch, expected[number], workload.checksum, f"{where} batch {number}")
             del batch  # hold no batch while asking for the next one
             if number == workload.warm - 1:
+                faults.start(iterator)
                 started = time.perf_counter()
         elapsed = time.perf_counter() - started
-        summary = {"channel": channel_summary(iterator)}
+        faults.stop()
+        summary = {"channel": channel_summary(iterator),
+                   "faults": faults.per_batch(total - workload.warm)}
     finally:
         shut_down(iterator)
     del iterator, loader
@@ -636,6 +719,15 @@ class Result:
     hung: bool = False
     seconds: float = 0.0
     construct_ms: dict[str, list[float]] = field(default_factory=dict)
+    # loader -> "main"/"workers" -> [(minor, major) per timed batch, one per repetition]
+    faults: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+
+    def median_faults(self, side: str, process: str) -> tuple[float, float] | None:
+        runs = self.faults.get(side, {}).get(process)
+        if not runs:
+            return None
+        return (statistics.median(run[0] for run in runs),
+                statistics.median(run[1] for run in runs))
 
     def median(self, side: str) -> float | None:
         values = self.torch_ms if side == "torch" else self.mploader_ms
@@ -735,6 +827,9 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
                 (result.torch_ms if side == "torch" else result.mploader_ms).append(figure)
                 if side == "mploader":
                     result.channel = summary["channel"]
+                if "faults" in summary:
+                    for process, counts in summary["faults"].items():
+                        result.faults.setdefault(side, {}).setdefault(process, []).append(counts)
                 if "construct_ms" in summary:
                     result.construct_ms.setdefault(side, []).append(summary["construct_ms"])
                 print(f"  {workload.name:15s} rep {repetition + 1:2d} {side:8s} "
@@ -810,6 +905,48 @@ def print_table(results: list[Result], memcpy_ms: float | None) -> None:
             print("  ".join("-" * width for width in widths))
 
 
+def format_faults(counts: tuple[float, float] | None) -> str:
+    """Minor/major page faults per batch, e.g. ``147k/0``."""
+    if counts is None:
+        return "-"
+
+    def short(value: float) -> str:
+        if value >= 10_000:
+            return f"{value / 1000:.0f}k"
+        return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+    return f"{short(counts[0])}/{short(counts[1])}"
+
+
+def print_fault_table(results: list[Result]) -> None:
+    """Page faults per timed batch (minor/major, medians over repetitions), per loader, in the
+    workers (summed) and in the main process; and the batch's own 4 KiB pages for scale."""
+    measured = [result for result in results if result.faults]
+    if not measured:
+        return
+    header = ("workload", "pages/batch", "torch workers", "torch main", "mploader workers",
+              "mploader main")
+    rows = [header]
+    for result in measured:
+        expected = result.workload.expected(0)
+        itemsize = torch.empty((), dtype=expected.dtype).element_size()
+        pages = -(-int(np.prod(expected.shape)) * itemsize // PAGE)
+        rows.append((
+            result.workload.name, str(pages),
+            format_faults(result.median_faults("torch", "workers")),
+            format_faults(result.median_faults("torch", "main")),
+            format_faults(result.median_faults("mploader", "workers")),
+            format_faults(result.median_faults("mploader", "main")),
+        ))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    print("page faults per batch, minor/major (/proc/<pid>/stat; workers summed):")
+    for index, row in enumerate(rows):
+        print("  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
+                        for column, (cell, width) in enumerate(zip(row, widths, strict=True))))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
 def describe_channel(channel: dict[str, Any] | None) -> str:
     if channel is None:
         return "no statistics"
@@ -818,8 +955,10 @@ def describe_channel(channel: dict[str, Any] | None) -> str:
     return (
         f"shm: {channel['shm_leaves']} block leaves, {channel['inline_leaves']} inline, "
         f"pool reuse {channel['reuse_hits']} hits / {channel['reuse_misses']} misses, "
-        f"{channel['pool_bytes'] / 2**20:.0f} MiB pooled, "
-        f"{channel['beyond_budget']} blocks beyond the budget (last repetition)"
+        f"{channel.get('blocks', '?')} blocks ({channel['pool_bytes'] / 2**20:.0f} MiB) pooled, "
+        f"{channel.get('evictions', '?')} evicted, "
+        f"{channel['beyond_budget']} beyond the budget, {channel.get('held', '?')} batches "
+        f"held (last repetition)"
     )
 
 
@@ -850,6 +989,8 @@ class Run:
               f"{2 * self.repeats}); ratio = torch / mploader; runtime {runtime:.0f} s")
         print()
         print_table(self.results, self.memcpy_ms)
+        print()
+        print_fault_table(self.results)
         print()
         problems = False
         collate = [result for result in self.results if result.workload.name == "large_collate"]
@@ -923,6 +1064,7 @@ class Run:
                     "torch_reference": result.workload.torch_reference,
                     "verdict": verdict(result, self.memcpy_ms),
                     "mploader_channel": result.channel,
+                    "page_faults_per_batch": result.faults,
                     "error": result.error,
                     "error_side": result.error_side,
                     "hung": result.hung,

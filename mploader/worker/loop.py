@@ -216,6 +216,15 @@ class WorkerLoop:
             )
         self.inbox.append(message)
 
+    def take_arrived_releases(self) -> None:
+        """Apply the releases that reached the pipe while this task was being fetched, before its
+        batch takes a block: the consumer let go of a block meanwhile (it was waiting for this
+        very batch), and without reading that release the pool would make a new block (a 600 MB
+        block is 150,000 fresh pages to fault in) while a free one is on its way."""
+        if self.tasks_readable.poll(0):
+            self.read_pipe(0)
+        self.apply_releases()
+
     def apply_releases(self) -> None:
         self.apply_retirements()
         released, self.released = self.released, []
@@ -291,6 +300,7 @@ class WorkerLoop:
     def reply(self, task: Task, samples: Any, started: float, fetched: float) -> None:
         """Collate and encode fetched samples, and send them as the task's result."""
         spec = self.spec
+        self.take_arrived_releases()
         try:
             if spec.auto_collation and spec.uses_default_collate:
                 payload = self.channel.collate_and_encode(samples)

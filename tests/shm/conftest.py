@@ -7,10 +7,12 @@ processes, say a concurrent test run, are not ours to judge).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
 
+from mploader import finalizers
 from tests.leaks import leaked_entries
 
 
@@ -20,5 +22,7 @@ def no_leaked_names() -> Iterator[None]:
 
     before = set(list_names())
     yield
+    gc.collect()  # a loader in a reference cycle is freed here
+    finalizers.settle(10)  # and its iterator shut down by the finalizer thread
     leaked = leaked_entries(before)
     assert not leaked, f"test left shared-memory entries behind: {sorted(leaked)}"

@@ -33,6 +33,7 @@ from mploader.channel.forking import forking_own_worker
 from mploader.channel.protocol import BlockRelease
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
+from mploader.channel.shm.copier import Copier, copy_threads
 from mploader.channel.shm.errors import BlockVanishedError
 from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
 from mploader.channel.shm.names import (
@@ -74,6 +75,7 @@ class WorkerChannel:
         budget = config.effective_budget_bytes() // max(num_workers, 1)
         self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
                                pipeline_depth)
+        self._copier = Copier(copy_threads(num_workers))
         self._inline_leaves = 0
         self._block_leaves = 0
         self._messages = 0
@@ -119,6 +121,7 @@ class WorkerChannel:
         if self._closed:
             return
         self._closed = True
+        self._copier.close()
         self._pool.close()
         self._let_go()
 
@@ -147,7 +150,7 @@ class WorkerChannel:
         if encoder.block_bytes:
             block = self._pool.acquire(encoder.block_bytes)
             try:
-                encoder.fill(block.array)
+                encoder.fill(block.array, self._copier)
             except BaseException:
                 self._pool.release(block.block_id, block.generation)  # never sent: free again
                 raise
@@ -229,7 +232,7 @@ class _ReleaseRoute:
         return self._released
 
     def release(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
-        """A lease's finalizer (or a discard): no lock, atomic steps only (see the class)."""
+        """A lease's finalizer: no lock, atomic steps only (see the class)."""
         if os.getpid() != self.main_pid:
             return
         key = (incarnation.worker_pid, block_id, generation)
@@ -239,10 +242,17 @@ class _ReleaseRoute:
         # taken a view of a lease whose last view is gone.
         inherited = key in self.inherited
         self.inherited.discard(key)
-        if not (self.open and incarnation.alive):
-            return  # a release racing close() or forget_worker(): nobody to tell
-        self.pending.append(
-            BlockRelease(incarnation.worker_id, block_id, generation, retire=inherited))
+        self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation,
+                                              retire=inherited))
+
+    def hand_back(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
+        """A payload discarded without decoding: no lease was made, so none ends (and nothing
+        is counted as released); the block just goes back."""
+        self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation))
+
+    def _queue(self, incarnation: _WorkerIncarnation, release: BlockRelease) -> None:
+        if self.open and incarnation.alive:  # else racing close() or forget_worker(): nobody
+            self.pending.append(release)
 
     def take(self) -> list[BlockRelease]:
         """Every queued release, oldest first (``popleft`` is atomic against finalizers)."""
@@ -299,7 +309,6 @@ class MainChannel:
         self._reported: dict[int, tuple] = {}
         self._decodes = 0
         self._discards = 0
-        self._leases = 0
         self._closed = False
 
     def take_releases(self) -> list[BlockRelease]:
@@ -328,7 +337,7 @@ class MainChannel:
         if block_ref is not None:
             block_id, generation = block_ref[0], block_ref[1]
             if incarnation.alive:
-                self._route.release(incarnation, block_id, generation)
+                self._route.hand_back(incarnation, block_id, generation)
             else:
                 self._settle_departed(incarnation, block_id)
 
@@ -376,7 +385,7 @@ class MainChannel:
                 workers=workers,
                 mapped_blocks=len(mappings),
                 mapped_bytes=sum(mapping.size for mapping in mappings),
-                live_batches=self._leases - self._route.released,
+                live_batches=len(self._route.live),
                 decodes=self._decodes,
                 discards=self._discards,
                 releases=self._route.released,
@@ -460,7 +469,6 @@ class MainChannel:
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
-        self._leases += 1
         return np.asarray(lease)
 
     def _retain(

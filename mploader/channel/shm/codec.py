@@ -30,12 +30,14 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from mploader.channel.collate import PendingStack
+from mploader.channel.shm.copier import SPLIT_BYTES, Copier, row_ranges
 from mploader.channel.tensors import is_plain, torch_worker_dispatch_table
 
 FORMAT_VERSION = 1
@@ -188,24 +190,19 @@ class LeafEncoder(pickle.Pickler):
         self.dump(batch)
         return self._buffer.getvalue()
 
-    def fill(self, base: np.ndarray) -> None:
-        """Write every block leaf into ``base`` (the block's ``uint8`` array): one copy each."""
+    def fill(self, base: np.ndarray, copier: Copier | None = None) -> None:
+        """Write every block leaf into ``base`` (the block's ``uint8`` array): one copy each,
+        large ones split into row ranges over the ``copier``'s threads."""
         copies, self._copies = self._copies, []
+        threads = 1 if copier is None else copier.threads
         for offset, source in copies:
-            if isinstance(source, np.ndarray):
-                destination = base[offset:offset + source.nbytes].view(source.dtype)
-                np.copyto(destination.reshape(source.shape), source, casting="no")
-            elif isinstance(source, PendingStack):
-                code = _TORCH_DTYPE_CODES[source.dtype]
-                out = _block_tensor(base, code, source.stacked_shape, offset)
-                if source.nbytes < _COPY_LOOP_BYTES:
-                    torch.stack(source.tensors, 0, out=out)
-                else:
-                    for row, tensor in zip(out.unbind(0), source.tensors, strict=True):
-                        row.copy_(tensor)
+            parts = threads if _leaf_bytes(source) >= SPLIT_BYTES else 1
+            jobs = _copy_jobs(base, offset, source, parts)
+            if copier is None:
+                for job in jobs:
+                    job()
             else:
-                out = _block_tensor(base, _TORCH_DTYPE_CODES[source.dtype], source.shape, offset)
-                out.copy_(source)
+                copier.run(jobs)
 
     # -- persistent_id: the hook pickle calls for every object --------------------------------
 
@@ -270,6 +267,56 @@ class LeafEncoder(pickle.Pickler):
         self._copies.append((offset, source))
         self.block_leaves += 1
         return offset
+
+
+def _leaf_bytes(source: Any) -> int:
+    if isinstance(source, PendingStack | np.ndarray):
+        return source.nbytes
+    return source.numel() * source.element_size()
+
+
+def _copy_jobs(base: np.ndarray, offset: int, source: Any, parts: int) -> list[Callable[[], None]]:
+    """The copy of one leaf into ``base`` at ``offset``, as jobs over ``parts`` row ranges."""
+    if isinstance(source, np.ndarray):
+        destination = base[offset:offset + source.nbytes].view(source.dtype).reshape(source.shape)
+        if source.ndim == 0:
+            return [partial(_copy_array, destination, source, range(0))]
+        return [partial(_copy_array, destination, source, rows)
+                for rows in row_ranges(source.shape[0], parts)]
+    if isinstance(source, PendingStack):
+        out = _block_tensor(base, _TORCH_DTYPE_CODES[source.dtype], source.stacked_shape, offset)
+        if source.nbytes < _COPY_LOOP_BYTES:
+            return [partial(_stack, out, source.tensors)]
+        return [partial(_copy_rows, out, source.tensors, rows)
+                for rows in row_ranges(len(source.tensors), parts)]
+    out = _block_tensor(base, _TORCH_DTYPE_CODES[source.dtype], source.shape, offset)
+    if out.dim() == 0:
+        return [partial(_copy_tensor, out, source, range(0))]
+    return [partial(_copy_tensor, out, source, rows) for rows in row_ranges(out.shape[0], parts)]
+
+
+def _copy_array(destination: np.ndarray, source: np.ndarray, rows: range) -> None:
+    """``rows`` of ``source`` into ``destination`` (an empty range: the whole 0-d array)."""
+    if not rows:
+        np.copyto(destination, source, casting="no")
+    else:
+        np.copyto(destination[rows.start:rows.stop], source[rows.start:rows.stop], casting="no")
+
+
+def _copy_tensor(out: torch.Tensor, source: torch.Tensor, rows: range) -> None:
+    if not rows:
+        out.copy_(source)
+    else:
+        out[rows.start:rows.stop].copy_(source[rows.start:rows.stop])
+
+
+def _stack(out: torch.Tensor, tensors: Any) -> None:
+    torch.stack(tensors, 0, out=out)
+
+
+def _copy_rows(out: torch.Tensor, tensors: Any, rows: range) -> None:
+    for row in rows:
+        out[row].copy_(tensors[row])
 
 
 # Looked up by exact type (subclasses are pickled whole). Plain functions, not bound methods kept

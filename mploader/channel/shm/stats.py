@@ -45,8 +45,10 @@ class ChannelStatistics:
     """The main side: per-worker pools as last reported, plus what the main process maps.
 
     mapped_blocks/mapped_bytes: blocks this process keeps mapped in its cache; live_batches: batches
-    whose views are still referenced (their blocks are not yet released); decodes/discards: messages
-    handled; releases: blocks handed back through ``on_release``.
+    decoded into blocks whose views are still referenced (their blocks not yet released; counted
+    from the set of live leases, so it can neither drift nor go negative); decodes/discards:
+    messages handled; releases: decoded batches whose last view died (a discarded payload was never
+    held and is not one).
     """
 
     workers: tuple[PoolStatistics, ...]
