@@ -2,10 +2,11 @@
 
 graphd's behaviour reproduced here: ``authenticate`` answers ``E_BAD_USERNAME_PASSWORD`` with
 "User not exist" / "Invalid password", and a login over the session cap as graphd does
-(:mod:`nebula_testing.nebula_sessions`: the cap, idle expiry, the query size limit); session id 0 (nebula3's ``ping``) and unknown ids answer
-``E_SESSION_INVALID``; ``signout`` is one-way; ``USE`` sets the session's space; ``SHOW
-SESSIONS`` lists SessionId, UserName, SpaceName, CreateTime, UpdateTime, GraphAddr, Timezone,
-ClientIp.  Graph statements go to :class:`~nebula_testing.nebula_graph.GraphStore`.
+(:mod:`nebula_testing.nebula_sessions`: the cap, idle expiry, the query size limit); session id
+0 (nebula3's ``ping``) and unknown ids answer ``E_SESSION_INVALID``; ``signout`` is one-way;
+``USE`` sets the session's space; ``SHOW SESSIONS`` lists SessionId, UserName, SpaceName,
+CreateTime, UpdateTime, GraphAddr, Timezone, ClientIp. Graph statements go to
+:class:`~nebula_testing.nebula_graph.GraphStore`.
 
 The server's modelled network latency (``--latency-ms``) is added to every ``execute*`` call:
 the connection's thread sleeps before it replies, holding no lock and no CPU, so other

@@ -36,7 +36,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
