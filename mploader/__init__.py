@@ -34,7 +34,8 @@ from mploader.worker.item_random import item_generator
 
 # The NebulaGraph integration's errors are part of the one family too; they are imported on first
 # use, so that ``import mploader`` does not load the integration.
-_NEBULA_ERRORS = ("NebulaAuthError", "NebulaConnectionError", "NebulaError", "NebulaQueryError")
+_NEBULA_ERRORS = ("NebulaAuthError", "NebulaConnectionError", "NebulaError", "NebulaQueryError",
+                  "NebulaSessionLimitError", "NebulaSessionLostError")
 
 __all__ = [
     "BatchTooLargeError",

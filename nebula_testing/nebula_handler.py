@@ -1,10 +1,12 @@
 """The ``GraphService`` of one client connection: sign-in, sessions, and statement dispatch.
 
 graphd's behaviour reproduced here: ``authenticate`` answers ``E_BAD_USERNAME_PASSWORD`` with
-"User not exist" / "Invalid password"; session id 0 (nebula3's ``ping``) and unknown ids answer
-``E_SESSION_INVALID``; ``signout`` is one-way; ``USE`` sets the session's space; ``SHOW
-SESSIONS`` lists SessionId, UserName, SpaceName, CreateTime, UpdateTime, GraphAddr, Timezone,
-ClientIp.  Graph statements go to :class:`~nebula_testing.nebula_graph.GraphStore`.
+"User not exist" / "Invalid password", and a login over the session cap as graphd does
+(:mod:`nebula_testing.nebula_sessions`: the cap, idle expiry, the query size limit); session id
+0 (nebula3's ``ping``) and unknown ids answer ``E_SESSION_INVALID``; ``signout`` is one-way;
+``USE`` sets the session's space; ``SHOW SESSIONS`` lists SessionId, UserName, SpaceName,
+CreateTime, UpdateTime, GraphAddr, Timezone, ClientIp. Graph statements go to
+:class:`~nebula_testing.nebula_graph.GraphStore`.
 
 The server's modelled network latency (``--latency-ms``) is added to every ``execute*`` call:
 the connection's thread sleeps before it replies, holding no lock and no CPU, so other
@@ -13,7 +15,6 @@ connections are served meanwhile (a remote graphd's round trip and storage hops,
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import socket
@@ -32,6 +33,7 @@ from nebula_testing.nebula_expressions import (
     QueryError,
 )
 from nebula_testing.nebula_graph import QueryResult
+from nebula_testing.nebula_sessions import SessionRecord
 from nebula_testing.nebula_values import from_value, to_json_value
 from nebula_testing.nebula_wire import EncodedDataSet
 
@@ -39,18 +41,6 @@ if TYPE_CHECKING:
     from nebula_testing.nebula_server import NebulaTestServer
 
 _log = logging.getLogger("nebula_testing.nebula_server")
-
-
-@dataclass
-class SessionRecord:
-    """One signed-in session, as ``SHOW SESSIONS`` lists it."""
-
-    session_id: int
-    user: str
-    space: str | None
-    create_time: datetime.datetime
-    update_time: datetime.datetime
-    client_ip: str
 
 
 def shutdown_socket(connection: socket.socket, close: bool = False) -> None:
@@ -85,22 +75,19 @@ class ConnectionHandler(GraphService.Iface):
             return AuthResponse(
                 error_code=ErrorCode.E_BAD_USERNAME_PASSWORD, error_msg=message.encode()
             )
-        with self.server.store.lock:
-            session_id = self.server.new_session_id()
-            now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
-            self.server.sessions[session_id] = SessionRecord(
-                session_id, user, None, now, now, self.client_ip
-            )
+        try:
+            record = self.server.sessions.create(user, self.client_ip)
+        except QueryError as error:  # graphd's session cap (max_sessions_per_ip_per_user)
+            return AuthResponse(error_code=error.code, error_msg=error.message.encode())
         return AuthResponse(
             error_code=ErrorCode.SUCCEEDED,
-            session_id=session_id,
+            session_id=record.session_id,
             time_zone_offset_seconds=0,
             time_zone_name=b"UTC",
         )
 
     def signout(self, sessionId: Any = None) -> None:
-        with self.server.store.lock:
-            self.server.sessions.pop(sessionId, None)
+        self.server.sessions.remove(sessionId)
 
     def execute(self, sessionId: Any = None, stmt: Any = None) -> ExecutionResponse:
         return self.executeWithParameter(sessionId, stmt, None)
@@ -126,7 +113,8 @@ class ConnectionHandler(GraphService.Iface):
         started = time.perf_counter()
         session: SessionRecord | None = None
         try:
-            session = self._session(session_id)
+            session = self.server.sessions.find(session_id)
+            self.server.sessions.check_query_size(stmt or b"")
             result = self._run(session, _text(stmt), raw_params or {}, for_json)
             code, message = ErrorCode.SUCCEEDED, None
         except QueryError as error:
@@ -140,19 +128,6 @@ class ConnectionHandler(GraphService.Iface):
             time.sleep(self.server.query_latency)
         latency = int((time.perf_counter() - started) * 1e6)
         return _Answer(result, code, message, space, latency)
-
-    def _session(self, session_id: int) -> SessionRecord:
-        with self.server.store.lock:
-            if session_id == 0:  # graphd answers pings (session 0) this way too
-                raise QueryError(ErrorCode.E_SESSION_INVALID, "Invalid session id")
-            session = self.server.sessions.get(session_id)
-            if session is None:
-                raise QueryError(
-                    ErrorCode.E_SESSION_INVALID,
-                    f"Get sessionId[{session_id}] failed: Session `{session_id}' not found",
-                )
-            session.update_time = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
-            return session
 
     def _run(
         self, session: SessionRecord, text: str, raw_params: dict[Any, Any], for_json: bool
@@ -192,11 +167,7 @@ class ConnectionHandler(GraphService.Iface):
             ):
                 return self._show_sessions(statement.session_id)
             if isinstance(statement, ngql_syntax.KillSessionStmt):
-                if self.server.sessions.pop(statement.session_id, None) is None:
-                    raise QueryError(
-                        ErrorCode.E_EXECUTION_ERROR,
-                        f"SessionId[{statement.session_id}] does not exist",
-                    )
+                self.server.sessions.kill(statement.session_id)
                 return QueryResult()
             if session.space is not None and session.space not in self.server.store.spaces:
                 session.space = None  # the space was dropped under this session
@@ -206,7 +177,7 @@ class ConnectionHandler(GraphService.Iface):
         columns = ["SessionId", "UserName", "SpaceName", "CreateTime", "UpdateTime"]
         columns += ["GraphAddr", "Timezone", "ClientIp"]
         rows = []
-        for record in self.server.sessions.values():
+        for record in self.server.sessions.records():
             if only is not None and record.session_id != only:
                 continue
             rows.append(

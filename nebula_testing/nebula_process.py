@@ -128,14 +128,27 @@ def start_server_process(
     users: dict[str, str] | None = None,
     startup_timeout: float = 30.0,
     latency_ms: float = 0.0,
+    max_sessions_per_ip_per_user: int | None = None,
+    session_idle_timeout_secs: float | None = None,
+    max_allowed_query_size: int | None = None,
 ) -> NebulaServerProcess:
     """Start ``python -m nebula_testing.nebula_server`` and return its running handle.
 
     Use it as a context manager (``with start_server_process(...) as server:``) or call
     ``stop()``.  ``preload="citation"`` loads :func:`make_citation_graph` with these arguments.
-    ``latency_ms`` is the modelled network latency added to every statement (0: none).
+    ``latency_ms`` is the modelled network latency added to every statement (0: none).  The
+    session rules default to graphd's (300 sessions per IP and user, 8 h idle timeout, 4 MiB
+    statements: :mod:`nebula_testing.nebula_sessions`); pass a value to change one.
     """
     arguments = ["--host", "127.0.0.1", "--latency-ms", str(latency_ms)]
+    rules = {
+        "--max-sessions-per-ip-per-user": max_sessions_per_ip_per_user,
+        "--session-idle-timeout-secs": session_idle_timeout_secs,
+        "--max-allowed-query-size": max_allowed_query_size,
+    }
+    for flag, value in rules.items():
+        if value is not None:
+            arguments += [flag, str(value)]
     for name, password in (users or {"root": "nebula"}).items():
         arguments += ["--user", f"{name}:{password}"]
     if preload is not None:

@@ -16,6 +16,10 @@ It prints ``LISTENING 127.0.0.1:<port>`` once ready and serves until SIGTERM/SIG
 (closes the caller's own connection without replying), ``DEBUG DROP CONNECTIONS`` (closes every
 other connection) and ``DEBUG SLEEP <ms>``.  :func:`start_server_process` runs it as a subprocess.
 
+graphd's session rules are on, with graphd's defaults and flags
+(:mod:`nebula_testing.nebula_sessions`): ``--max-sessions-per-ip-per-user`` (300),
+``--session-idle-timeout-secs`` (28800), ``--max-allowed-query-size`` (4 MiB).
+
 ``--latency-ms`` models a remote cluster: every statement's reply waits that long (default 0,
 off) in its connection's thread, which holds no lock and no CPU meanwhile.  Statements of the
 shapes samplers repeat (``GO FROM <ids>``, ``FETCH PROP ON t <ids>``) are parsed once per shape
@@ -32,7 +36,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +48,9 @@ from nebula3.graph import GraphService
 from mploader.integrations.nebula import encode_features
 from nebula_testing import citation, ngql_syntax
 from nebula_testing.nebula_graph import GraphStore, Schema
-from nebula_testing.nebula_handler import ConnectionHandler, SessionRecord, shutdown_socket
+from nebula_testing.nebula_handler import ConnectionHandler, shutdown_socket
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
+from nebula_testing.nebula_sessions import SessionRules, SessionTable
 from nebula_testing.ngql_cache import StatementCache
 
 __all__ = ["NebulaServerProcess", "NebulaTestServer", "main", "start_server_process"]
@@ -64,6 +68,7 @@ class NebulaTestServer:
         port: int = 0,
         users: dict[str, str] | None = None,
         latency_ms: float = 0.0,
+        rules: SessionRules | None = None,
     ) -> None:
         if latency_ms < 0:
             raise ValueError(f"latency_ms must be >= 0 (0 turns it off), got {latency_ms}")
@@ -71,23 +76,17 @@ class NebulaTestServer:
         self.query_latency = latency_ms / 1000.0
         self.statement_cache = StatementCache()
         self.store = GraphStore()
-        self.sessions: dict[int, SessionRecord] = {}
+        self.sessions = SessionTable(rules)  # graphd's session rules, graphd's defaults
         self.listener = socket.create_server((host, port), reuse_port=False, backlog=128)
         self.listener.settimeout(0.1)  # the accept loop polls the stop flag this often
         self.host, self.port = self.listener.getsockname()[:2]
         self.stopping = threading.Event()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
-        self._last_session_id = 0
 
     @property
     def graph_addr(self) -> str:
         return f"{self.host}:{self.port}"
-
-    def new_session_id(self) -> int:
-        """Microsecond timestamps like graphd's, made unique."""
-        self._last_session_id = max(self._last_session_id + 1, time.time_ns() // 1000)
-        return self._last_session_id
 
     def serve_forever(self) -> None:
         """Accept connections until :meth:`stop`; each runs in its own daemon thread."""
@@ -212,6 +211,25 @@ def _parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.0,
         help="modelled network latency added to every statement's reply (0 = off)",
     )
+    defaults = SessionRules()
+    parser.add_argument(
+        "--max-sessions-per-ip-per-user",
+        type=int,
+        default=defaults.max_sessions_per_ip_per_user,
+        help="graphd's cap on live sessions per client IP and user (graphd's default 300)",
+    )
+    parser.add_argument(
+        "--session-idle-timeout-secs",
+        type=float,
+        default=defaults.session_idle_timeout_secs,
+        help="a session unused this long is gone (graphd's default 28800)",
+    )
+    parser.add_argument(
+        "--max-allowed-query-size",
+        type=int,
+        default=defaults.max_allowed_query_size,
+        help="longest statement in bytes (graphd's default 4 MiB)",
+    )
     return parser.parse_args(argv)
 
 
@@ -224,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not separator:
             raise SystemExit(f"--user expects NAME:PASSWORD, got {entry!r}")
         users[name] = password
-    server = NebulaTestServer(arguments.host, arguments.port, users, arguments.latency_ms)
+    rules = SessionRules(
+        arguments.max_sessions_per_ip_per_user,
+        arguments.session_idle_timeout_secs,
+        arguments.max_allowed_query_size,
+    )
+    server = NebulaTestServer(arguments.host, arguments.port, users, arguments.latency_ms, rules)
     if arguments.preload == "citation":
         graph = citation.make_citation_graph(
             arguments.nodes,

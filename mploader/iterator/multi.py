@@ -320,6 +320,7 @@ class MultiProcessIterator(BaseIterator):
         handle = self._group.handles[worker_id]
         self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
+        self._tell_hooks_worker_died(worker_id, handle.pid)
         if worker_id in self._table.exhausted and not held:
             return  # its part of the epoch was over; nothing is lost
         error = worker_died_error(
@@ -338,6 +339,18 @@ class MultiProcessIterator(BaseIterator):
                                "restarts (max_worker_restarts) were used.")
             raise error
         self._restart(worker_id, held, error)
+
+    def _tell_hooks_worker_died(self, worker_id: int, pid: int | None) -> None:
+        """``WorkerHooks.on_worker_died``: the hooks release what the dead worker left (its
+        database sessions) before any replacement starts.  A failure there is logged: the
+        worker's death is what the user must hear about."""
+        hooks = self._loader_settings.worker_hooks
+        if hooks is None:
+            return
+        try:
+            hooks.on_worker_died(worker_id, pid)
+        except Exception:
+            _log.exception("worker_hooks.on_worker_died(%d, %s) failed", worker_id, pid)
 
     def _undelivered_of(self, worker_id: int) -> list[bytes]:
         """Payloads of ``worker_id`` waiting in the table to be decoded: the channel keeps their

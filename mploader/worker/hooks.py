@@ -67,6 +67,15 @@ class WorkerHooks:
     def teardown(self, info: WorkerInfo) -> None:
         """At graceful worker exit, after the session is closed."""
 
+    def on_main_process_gone(self, info: WorkerInfo) -> None:
+        """In the worker, from its watchdog thread, when the main process died while the worker
+        was busy: the worker ends a few seconds later without a graceful exit, so release what
+        outlives a process here (sign sessions out).  Fetch threads may still be running."""
+
+    def on_worker_died(self, worker_id: int, pid: int | None) -> None:
+        """In the main process, when a worker died without a graceful exit (killed, crashed),
+        before a replacement starts: release what it could not (sessions it left open)."""
+
 
 class _SessionSlot:
     """The one session of this process, and the hooks and info that made it."""
@@ -122,6 +131,13 @@ def hooks_active() -> bool:
     threads), or the main process while a ``num_workers=0`` mploader iterator runs.
     """
     return _slot.hooks is not None
+
+
+def abandon_hooks() -> None:
+    """The main process is gone: let the active hooks release what would outlive the worker."""
+    hooks, info = _slot.hooks, _slot.info
+    if hooks is not None and info is not None:
+        hooks.on_main_process_gone(info)
 
 
 def worker_session() -> Any:

@@ -36,7 +36,12 @@ from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
 from mploader.worker.datapipes import seed_datapipe
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
-from mploader.worker.hooks import activate_hooks, close_process_locals, deactivate_hooks
+from mploader.worker.hooks import (
+    abandon_hooks,
+    activate_hooks,
+    close_process_locals,
+    deactivate_hooks,
+)
 from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
 from mploader.worker.inherited import close_inherited
 from mploader.worker.item_random import TaskSeed
@@ -140,8 +145,20 @@ class WorkerLoop:
                 )
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None,
                               time.monotonic()))
-        self.watchdog.start_thread(self.channel.abandon)
+        self.watchdog.start_thread(self.abandon)
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
+
+    def abandon(self) -> None:
+        """The main process is gone (the watchdog's call): remove this worker's blocks, then let
+        the hooks sign sessions out, before the watchdog ends the process."""
+        try:
+            self.channel.abandon()
+        finally:
+            try:
+                abandon_hooks()
+            except Exception:
+                _log.exception("worker %d: hooks failed after the main process died",
+                               self.spec.worker_id)
 
     def start_epoch(self, first: bool = False) -> None:
         """A fresh fetcher (for an iterable dataset: a fresh ``iter(dataset)``); in the first

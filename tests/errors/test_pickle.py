@@ -38,6 +38,8 @@ from mploader.integrations.nebula.errors import (
     NebulaConnectionError,
     NebulaError,
     NebulaQueryError,
+    NebulaSessionLimitError,
+    NebulaSessionLostError,
 )
 
 
@@ -98,6 +100,12 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "mploader.integrations.nebula.errors.NebulaAuthError": lambda: NebulaAuthError(
         "graphd rejected user root"
     ),
+    "mploader.integrations.nebula.errors.NebulaSessionLostError": lambda: NebulaSessionLostError(
+        "graphd at 127.0.0.1:9669 no longer knows session 42"
+    ),
+    "mploader.integrations.nebula.errors.NebulaSessionLimitError": lambda: NebulaSessionLimitError(
+        "no graphd session within 60 s: the cap of 300 sessions is used up"
+    ),
     "mploader.integrations.nebula.errors.NebulaQueryError": lambda: NebulaQueryError(
         "SemanticError: no such tag", -1009, "FETCH PROP ON nope 1 YIELD nope.x"
     ),
@@ -116,6 +124,9 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "mploader.monitor.trace_summary.TraceError": lambda: _private(
         "mploader.monitor.trace_summary.TraceError"
     )("run.json: no such file"),
+    "mploader.integrations.nebula.pool._LoginRefused": lambda: _private(
+        "mploader.integrations.nebula.pool._LoginRefused"
+    )("every slot of the host's session budget is held"),
     "mploader.process.zygote._Gone": lambda: _private("mploader.process.zygote._Gone")(
         "the zygote ended"
     ),

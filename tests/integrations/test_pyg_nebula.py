@@ -33,10 +33,10 @@ from mploader.integrations.nebula.pyg import (
     NebulaNodeLoader,
     NodeAttribute,
     NodeType,
-    chunked,
     homogeneous_schema,
     put_graph,
 )
+from mploader.integrations.nebula.statements import split_id_statements
 from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -327,15 +327,15 @@ def test_multi_get_tensor_sends_one_statement_per_tag(hetero_stores: Any) -> Non
         assert torch.equal(tensor, data[attr.group_name][attr.attr_name][[3, 1, 3]])
 
 
-def test_statements_are_split_below_the_size_limit() -> None:
-    items = [str(10**6 + number) for number in range(1000)]
-    statements = list(chunked("FETCH PROP ON t ", items, " YIELD id(vertex)", max_bytes=2000))
-    assert len(statements) > 1
-    assert all(len(statement.encode()) <= 2000 for statement in statements)
-    joined = [vid for statement in statements for vid in statement[16:-17].split(", ")]
-    assert joined == items
+def test_writes_are_joined_below_the_size_limit() -> None:
+    """``put_tensor``'s UPSERTs travel as ``;``-joined requests, each below the limit."""
+    updates = [f"UPSERT VERTEX ON paper {10**6 + n} SET label = {n}" for n in range(200)]
+    requests = list(split_id_statements("", updates, "", max_bytes=2000, separator="; "))
+    assert len(requests) > 1
+    assert all(len(request.encode()) <= 2000 for request in requests)
+    assert [part for request in requests for part in request.split("; ")] == updates
     with pytest.raises(ValueError, match="max_allowed_query_size"):
-        list(chunked("", ["x" * 3000], max_bytes=2000))
+        list(split_id_statements("", ["x" * 3000], "", max_bytes=2000, separator="; "))
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])

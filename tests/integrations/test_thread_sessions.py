@@ -1,8 +1,10 @@
-"""``worker_threads``: one NebulaGraph session per fetch thread, against the bundled graphd.
+"""``worker_threads``: a worker's fetch threads share its NebulaGraph sessions, against the
+bundled graphd.
 
-nebula3 sessions are not thread-safe (one socket, replies matched by order), so T fetch threads
-per worker need T sessions per worker: none shared between threads or processes, every answer
-its own query's under concurrent queries, and every session signed out when the workers exit.
+nebula3 sessions are not thread-safe (one socket, replies matched by order), so a session is
+borrowed for one statement at a time: at most T sessions per worker, none shared between
+processes, every answer its own query's under concurrent queries, and every session signed out
+when the workers exit.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_each_fetch_thread_has_its_own_session_closed_at_exit(
+def test_fetch_threads_share_their_workers_sessions_closed_at_exit(
     nebula_server: NebulaTarget, nebula_admin: Any, start_method: str
 ) -> None:
     before = session_ids(nebula_admin)
@@ -36,18 +38,14 @@ def test_each_fetch_thread_has_its_own_session_closed_at_exit(
     rows = torch.cat(list(loader))
     assert rows[:, 0].tolist() == list(range(160))
     assert torch.equal(rows[:, 0], rows[:, 1]), "a reply went to another thread's query"
-    sessions_of_thread: dict[tuple[int, int], set[int]] = defaultdict(set)
-    threads_of_session: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for _, _, pid, thread, session in rows.tolist():
-        sessions_of_thread[(pid, thread)].add(session)
-        threads_of_session[session].add((pid, thread))
-    assert all(len(sessions) == 1 for sessions in sessions_of_thread.values())  # made once
-    assert all(len(owners) == 1 for owners in threads_of_session.values())  # never shared
-    pids = {pid for pid, _ in sessions_of_thread}
-    assert len(pids) == 2
-    for pid in pids:  # T threads per worker, each with its own session
-        assert sum(1 for owner in sessions_of_thread if owner[0] == pid) == THREADS
-    assert len(threads_of_session) == 2 * THREADS
+    sessions_of_worker: dict[int, set[int]] = defaultdict(set)
+    workers_of_session: dict[int, set[int]] = defaultdict(set)
+    for _, _, pid, _, session in rows.tolist():
+        sessions_of_worker[pid].add(session)
+        workers_of_session[session].add(pid)
+    assert len(sessions_of_worker) == 2
+    assert all(len(owners) == 1 for owners in workers_of_session.values())  # never shared
+    assert all(1 <= len(s) <= THREADS for s in sessions_of_worker.values())  # at most T each
     assert wait_for(lambda: session_ids(nebula_admin) == before)  # all signed out at exit
 
 
@@ -63,8 +61,8 @@ def test_persistent_workers_keep_their_thread_sessions_across_epochs(
     epochs = [torch.cat(list(loader)) for _ in range(2)]
     assert all(torch.equal(rows[:, 0], rows[:, 1]) for rows in epochs)
     first, second = ({int(s) for s in rows[:, 4]} for rows in epochs)
-    assert first == second and len(first) == 2 * 3
-    assert first <= session_ids(nebula_admin)  # open between epochs
+    assert 2 <= len(first | second) <= 2 * 3
+    assert first | second <= session_ids(nebula_admin)  # kept open between epochs
     loader._iterator._shutdown_workers()
     assert wait_for(lambda: session_ids(nebula_admin) == before)
 

@@ -6,9 +6,11 @@ holds a copy of the parent's socket; two processes sharing one session read each
 Releasing an inherited session in the child signs the *parent's* session out (and
 ``Session.__del__`` releases too).  So:
 
-* :class:`NebulaHooks` (a :class:`~mploader.worker.hooks.WorkerHooks`) opens one
-  :class:`NebulaSession` per worker process, closes it (signed out) at worker exit, and *detaches*
-  an inherited one without any network traffic.
+* :class:`NebulaHooks` (a :class:`~mploader.worker.hooks.WorkerHooks`) gives each worker process
+  a pool of sessions its fetch threads share (:mod:`.pool`), under a host-wide budget that keeps
+  every rank under graphd's session cap (:mod:`.budget`), retries while graphd restarts, signs
+  them out at worker exit (and after a worker was killed), and *detaches* inherited ones without
+  any network traffic.
 * Every live :class:`NebulaSession` is also detached automatically in a forked child
   (``os.register_at_fork``), so even a session kept on a dataset attribute cannot talk over the
   parent's socket; using it there raises an error that says what to do instead.
@@ -32,13 +34,18 @@ from mploader.integrations.nebula.errors import (
     NebulaConnectionError,
     NebulaError,
     NebulaQueryError,
+    NebulaSessionLimitError,
+    NebulaSessionLostError,
 )
 from mploader.integrations.nebula.hooks import NebulaHooks
+from mploader.integrations.nebula.pool import PooledSession, SessionPool
 from mploader.integrations.nebula.session import NebulaSession, parse_addresses
+from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
 from mploader.integrations.nebula.store import NebulaFeatureStore
 
 __all__ = [
     "FEATURE_ENCODING",
+    "GRAPHD_MAX_QUERY_BYTES",
     "NebulaAuthError",
     "NebulaConnectionError",
     "NebulaError",
@@ -46,8 +53,13 @@ __all__ = [
     "NebulaHooks",
     "NebulaQueryError",
     "NebulaSession",
+    "NebulaSessionLimitError",
+    "NebulaSessionLostError",
+    "PooledSession",
+    "SessionPool",
     "decode_feature_batch",
     "decode_features",
     "encode_features",
     "parse_addresses",
+    "split_id_statements",
 ]

@@ -24,3 +24,12 @@ class NebulaQueryError(PicklesWithoutInit, NebulaError):
         super().__init__(message)
         self.code = code
         self.statement = statement
+
+
+class NebulaSessionLostError(NebulaConnectionError):
+    """graphd no longer knows the session (it expired, was killed, or graphd restarted)."""
+
+
+class NebulaSessionLimitError(NebulaError):
+    """No graphd session could be had: the host's budget or graphd's session cap
+    (``max_sessions_per_ip_per_user``) is used up by sessions that are not given back."""

@@ -15,6 +15,8 @@ from mploader.integrations.nebula.errors import (
     NebulaConnectionError,
     NebulaError,
     NebulaQueryError,
+    NebulaSessionLimitError,
+    NebulaSessionLostError,
 )
 
 if TYPE_CHECKING:
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 
 
 _SESSION_INVALID_CODES = (-1002, -1003)  # ErrorCode.E_SESSION_INVALID, E_SESSION_TIMEOUT
+# graphd's refusal of a login over max_sessions_per_ip_per_user (nebula3: AuthFailedException).
+SESSION_CAP_TEXT = "Too many sessions"
 
 
 def parse_addresses(addresses: Iterable[tuple[str, int] | str] | str) -> list[tuple[str, int]]:
@@ -74,6 +78,9 @@ class NebulaSession:
     connection is broken (or the server forgot the session, e.g. after a restart), reconnects
     once with a fresh session, re-runs ``USE space`` and retries the statement.  A retried
     ``INSERT`` is harmless (NebulaGraph inserts overwrite); other side effects may run twice.
+    With ``reconnect=False`` (the sessions of a :class:`~.pool.SessionPool`, which retries with
+    backoff itself) it raises instead: :class:`NebulaSessionLostError` when graphd forgot the
+    session, :class:`NebulaConnectionError` when the connection broke.
     Thread-safe (one statement at a time).  Never shared between processes: see the module doc.
     """
 
@@ -84,8 +91,10 @@ class NebulaSession:
         password: str,
         space: str | None,
         config: Config | None = None,
+        reconnect: bool = True,
     ) -> None:
         self.addresses = list(addresses)
+        self.reconnect = reconnect
         self.user = user
         self.password = password
         self.space = space
@@ -107,6 +116,16 @@ class NebulaSession:
     @property
     def where(self) -> str:
         return describe_addresses(self.addresses)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the graphd this session is on (its connection's)."""
+        session = self._session
+        connection = None if session is None else session._connection
+        if connection is None:
+            return describe_addresses(self.addresses[:1])
+        host, port = connection.get_address()
+        return f"{host}:{port}"
 
     def open(self) -> NebulaSession:
         """Connect, sign in and ``USE`` the space; returns ``self``."""
@@ -143,10 +162,14 @@ class NebulaSession:
                 self.open()
             try:
                 answer, code, message = send(self._session, statement)
-                lost = code in _SESSION_INVALID_CODES
+                forgotten = lost = code in _SESSION_INVALID_CODES
                 cause = f"the server no longer knows the session: {message}"
             except broken as error:
-                lost, cause = True, f"{type(error).__name__}: {_message(error)}"
+                forgotten, lost = False, True
+                cause = f"{type(error).__name__}: {_message(error)}"
+            if lost and not self.reconnect:
+                error_type = NebulaSessionLostError if forgotten else NebulaConnectionError
+                raise error_type(f"NebulaGraph at {self.where}: {cause}")
             if lost:
                 self._reconnect(cause)
                 try:
@@ -232,6 +255,11 @@ class NebulaSession:
             session = pool.get_session(self.user, self.password, retry_connect=False)
         except AuthFailedException as error:
             pool.close()
+            if SESSION_CAP_TEXT in _message(error):
+                raise NebulaSessionLimitError(
+                    f"NebulaGraph at {self.where} refused a session for its session cap: "
+                    f"{_message(error)}"
+                ) from error
             raise NebulaAuthError(
                 f"NebulaGraph at {self.where} rejected user {self.user!r}: {_message(error)}. "
                 "Check the user name and password (NebulaHooks(user=..., password=...))"
@@ -320,3 +348,20 @@ def detach_raw_session(session: Any, pool: Any) -> None:
                     connection.close()  # closes this process's file descriptor only
             pool._connections = {}
             pool._close = True
+
+
+def sign_out(address: str, session_ids: Iterable[int], timeout_ms: int = 3000) -> None:
+    """Sign ``session_ids`` out of the graphd at ``address`` over a connection of its own
+    (never a session's socket another thread may be using).  Raises when graphd cannot be
+    reached; an id graphd does not know is no error."""
+    from nebula3.gclient.net.Connection import Connection
+
+    host, port = parse_addresses(address)[0]
+    connection = Connection()
+    connection.open(host, port, timeout_ms)
+    try:
+        for session_id in session_ids:
+            connection.signout(session_id)
+        connection.ping()  # signout is one-way: one round trip makes sure graphd has done them
+    finally:
+        connection.close()

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mploader.integrations.nebula.encoding import decode_feature_batch
+from mploader.integrations.nebula.pool import PooledSession
 from mploader.integrations.nebula.session import NebulaSession
+from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
 from mploader.worker import hooks as worker_hooks
 
 if TYPE_CHECKING:
@@ -25,8 +27,9 @@ class NebulaFeatureStore:
     Vertices have INT64 ids and a tag with a feature string (:data:`FEATURE_ENCODING`) and an
     integer label.  Statements go through ``session()`` (default: ``mploader.worker_session()``,
     so each DataLoader worker uses its own session, and ``num_workers=0`` uses the main
-    process.s), in chunks of ``batch_size`` vertices.  Picklable when ``session`` is (the
-    default is).
+    process's), in chunks of ``batch_size`` vertices, each statement at most
+    ``max_query_bytes`` long (graphd's ``max_allowed_query_size``, 4 MiB by default: a larger
+    chunk is split, see :mod:`.statements`).  Picklable when ``session`` is (the default is).
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class NebulaFeatureStore:
         edge: str | None = None,
         batch_size: int = 256,
         session: Callable[[], Any] | None = None,
+        max_query_bytes: int = GRAPHD_MAX_QUERY_BYTES,
     ) -> None:
         if feature_dim < 1 or batch_size < 1:
             raise ValueError(
@@ -50,6 +54,7 @@ class NebulaFeatureStore:
         self.edge = edge
         self.batch_size = batch_size
         self.session = session or _current_worker_session
+        self.max_query_bytes = max_query_bytes
 
     def fetch(
         self, vids: Sequence[int] | np.ndarray | torch.Tensor
@@ -63,13 +68,15 @@ class NebulaFeatureStore:
         labels = np.zeros(len(unique), dtype=np.int64)
         found = np.zeros(len(unique), dtype=bool)
         session = self.session()
-        for start in range(0, len(unique), self.batch_size):
-            chunk = unique[start : start + self.batch_size]
-            statement = (
-                f"FETCH PROP ON `{self.tag}` {', '.join(map(str, chunk.tolist()))} "
-                f"YIELD id(vertex) AS vid, `{self.tag}`.`{self.feature_prop}` AS feature, "
-                f"`{self.tag}`.`{self.label_prop}` AS label"
-            )
+        statements = split_id_statements(
+            f"FETCH PROP ON `{self.tag}` ",
+            unique.tolist(),
+            f" YIELD id(vertex) AS vid, `{self.tag}`.`{self.feature_prop}` AS feature, "
+            f"`{self.tag}`.`{self.label_prop}` AS label",
+            self.batch_size,
+            self.max_query_bytes,
+        )
+        for statement in statements:
             rows = _query(session, statement)
             if not rows:
                 continue
@@ -104,14 +111,14 @@ class NebulaFeatureStore:
         ids = _as_vid_array(vids)
         session = self.session()
         pairs: list[np.ndarray] = [np.zeros((0, 2), dtype=np.int64)]
-        for start in range(0, len(ids), self.batch_size):
-            chunk = ids[start : start + self.batch_size]
-            if len(chunk) == 0:
-                continue
-            statement = (
-                f"GO FROM {', '.join(map(str, chunk.tolist()))} OVER `{edge}` "
-                "YIELD src(edge) AS src, dst(edge) AS dst"
-            )
+        statements = split_id_statements(
+            "GO FROM ",
+            ids.tolist(),
+            f" OVER `{edge}` YIELD src(edge) AS src, dst(edge) AS dst",
+            self.batch_size,
+            self.max_query_bytes,
+        )
+        for statement in statements:
             rows = _query(session, statement)
             if rows:
                 _column(rows, 0, int, "src(edge)")
@@ -133,7 +140,7 @@ def _query(session: Any, statement: str) -> list[list[Any]]:
     Through a :class:`NebulaSession` the answer comes as graphd's JSON (decoded in C); any other
     session (a raw nebula3 ``Session``, a user's wrapper) answers through ``execute().rows()``.
     """
-    if isinstance(session, NebulaSession):
+    if isinstance(session, NebulaSession | PooledSession):
         results = session.execute_json(statement).get("results") or [{}]
         return [entry["row"] for entry in results[0].get("data") or []]
     return [[_plain(value) for value in row.values] for row in session.execute(statement).rows()]

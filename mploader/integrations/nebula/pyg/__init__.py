@@ -28,13 +28,11 @@ from mploader.integrations.nebula.pyg.schema import (
     NodeType,
     homogeneous_schema,
 )
-from mploader.integrations.nebula.pyg.statements import MAX_QUERY_BYTES, chunked
 
 __all__ = [
     "FEATURES",
     "FLOAT",
     "INT",
-    "MAX_QUERY_BYTES",
     "EdgeMapping",
     "GraphSchema",
     "NebulaFeatureStore",
@@ -43,7 +41,6 @@ __all__ = [
     "NebulaNodeLoader",
     "NodeAttribute",
     "NodeType",
-    "chunked",
     "homogeneous_schema",
     "put_graph",
     "schema_statements",

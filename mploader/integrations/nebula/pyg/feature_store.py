@@ -19,7 +19,7 @@ from mploader.integrations.nebula.pyg.schema import (
     NodeAttribute,
     NodeType,
 )
-from mploader.integrations.nebula.pyg.statements import MAX_QUERY_BYTES, chunked
+from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
 
 FETCH_BATCH = 2048  # vertices per FETCH: a 2048 x 128-float answer is about 1.4 MB of JSON
 
@@ -40,7 +40,7 @@ class NebulaFeatureStore(FeatureStore):
         schema: GraphSchema,
         hooks: NebulaHooks,
         fetch_batch: int = FETCH_BATCH,
-        max_query_bytes: int = MAX_QUERY_BYTES,
+        max_query_bytes: int = GRAPHD_MAX_QUERY_BYTES,
     ) -> None:
         super().__init__()
         self.schema = schema
@@ -122,7 +122,7 @@ class NebulaFeatureStore(FeatureStore):
         session = self.session()
         for start in range(0, len(vids), self.fetch_batch):
             part = [str(vid) for vid in vids[start : start + self.fetch_batch]]
-            for statement in chunked(head, part, tail, max_bytes=self.max_query_bytes):
+            for statement in split_id_statements(head, part, tail, max_bytes=self.max_query_bytes):
                 for row in rows(session, statement):
                     found[row[0]] = row[1:]
         missing = [vid for vid in vids if vid not in found]
@@ -175,7 +175,8 @@ class NebulaFeatureStore(FeatureStore):
             for vid, text in zip((index + node_type.vid_offset).tolist(), texts, strict=True)
         ]
         session = self.session()
-        for statement in chunked("", updates, separator="; ", max_bytes=self.max_query_bytes):
+        for statement in split_id_statements("", updates, "", max_bytes=self.max_query_bytes,
+                                             separator="; "):
             execute(session, statement)
 
     # -- helpers

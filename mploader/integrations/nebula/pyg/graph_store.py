@@ -20,7 +20,7 @@ from mploader.integrations.nebula.hooks import NebulaHooks
 from mploader.integrations.nebula.pyg.feature_store import NebulaFeatureStore
 from mploader.integrations.nebula.pyg.queries import SessionSource, execute, rows
 from mploader.integrations.nebula.pyg.schema import EdgeMapping, GraphSchema
-from mploader.integrations.nebula.pyg.statements import MAX_QUERY_BYTES, chunked
+from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
 
 
 class NebulaGraphStore(GraphStore):
@@ -32,7 +32,7 @@ class NebulaGraphStore(GraphStore):
     """
 
     def __init__(
-        self, schema: GraphSchema, hooks: NebulaHooks, max_query_bytes: int = MAX_QUERY_BYTES
+        self, schema: GraphSchema, hooks: NebulaHooks, max_query_bytes: int = GRAPHD_MAX_QUERY_BYTES
     ) -> None:
         super().__init__()
         self.schema = schema
@@ -74,7 +74,7 @@ class NebulaGraphStore(GraphStore):
         values = [f"{src}->{dst}:()" for src, dst in zip(source, destination, strict=True)]
         session = self.session()
         head = f"INSERT EDGE `{mapping.edge}`() VALUES "
-        for statement in chunked(head, values, max_bytes=self.max_query_bytes):
+        for statement in split_id_statements(head, values, "", max_bytes=self.max_query_bytes):
             execute(session, statement)
         return True
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from mploader.integrations.nebula.errors import NebulaQueryError
 from mploader.integrations.nebula.hooks import NebulaHooks
+from mploader.integrations.nebula.pool import PooledSession
 from mploader.integrations.nebula.session import NebulaSession
 from mploader.worker.hooks import ProcessLocal, hooks_active, worker_session
 
@@ -43,7 +44,7 @@ class SessionSource:
 
 def rows(session: Any, statement: str) -> list[list[Any]]:
     """The rows of ``statement`` as plain values, through graphd's JSON interface."""
-    if isinstance(session, NebulaSession):
+    if isinstance(session, NebulaSession | PooledSession):
         results = session.execute_json(statement).get("results") or [{}]
         return [entry["row"] for entry in results[0].get("data") or []]
     result = session.execute(statement)  # a raw nebula3 Session
@@ -53,7 +54,7 @@ def rows(session: Any, statement: str) -> list[list[Any]]:
 
 def execute(session: Any, statement: str) -> None:
     """Run a statement that returns no rows (a write)."""
-    if isinstance(session, NebulaSession):
+    if isinstance(session, NebulaSession | PooledSession):
         session.execute(statement)
         return
     _check(session.execute(statement), statement)

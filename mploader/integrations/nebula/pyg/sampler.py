@@ -25,7 +25,7 @@ from torch_geometric.sampler import (
 from mploader.integrations.nebula.hooks import NebulaHooks
 from mploader.integrations.nebula.pyg.queries import SessionSource, rows
 from mploader.integrations.nebula.pyg.schema import EdgeMapping, EdgeType, GraphSchema
-from mploader.integrations.nebula.pyg.statements import MAX_QUERY_BYTES, chunked
+from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
 from mploader.worker.item_random import item_generator
 
 NumNeighbors = Sequence[int] | Mapping[EdgeType, Sequence[int]]
@@ -49,7 +49,7 @@ class NebulaNeighborSampler(BaseSampler):
         hooks: NebulaHooks,
         num_neighbors: NumNeighbors,
         seed: int = 0,
-        max_query_bytes: int = MAX_QUERY_BYTES,
+        max_query_bytes: int = GRAPHD_MAX_QUERY_BYTES,
     ) -> None:
         if not schema.edges:
             raise ValueError("NebulaNeighborSampler needs a schema with at least one edge type")
@@ -106,7 +106,7 @@ class NebulaNeighborSampler(BaseSampler):
         tail = f" OVER `{mapping.edge}`{direction} YIELD src(edge) AS s, dst(edge) AS d"
         vids = [str(vid) for vid in (targets + offset).tolist()]
         found: list[list[Any]] = []
-        for statement in chunked(head, vids, tail, max_bytes=self.max_query_bytes):
+        for statement in split_id_statements(head, vids, tail, max_bytes=self.max_query_bytes):
             found.extend(rows(session, statement))
         pairs = np.array(found, dtype=np.int64).reshape(-1, 2)
         if mapping.reverse:

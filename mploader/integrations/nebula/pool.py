@@ -1,0 +1,468 @@
+"""The graphd sessions of one process, shared by its fetch threads, under the host's budget.
+
+A worker with ``worker_threads=T`` used to open T sessions; 8 ranks x 4 workers x 16 threads is
+512 sessions, over graphd's default cap of 300 per user and client IP.  Here a process keeps a
+:class:`SessionPool`: each thread's :class:`PooledSession` borrows a session **per statement**
+(every statement stands alone: the space is set when a session is made, and nothing else lives
+in a session between statements), so a session is never used by two threads at once, and a
+process needs only as many sessions as statements it has in flight, or fewer: threads wait for a
+session of their own process.
+
+* **Growth.**  A thread that finds no idle session logs one in, one login at a time per process,
+  and only after taking a slot of the host-wide budget (:mod:`.budget`).  A refused login
+  (budget full, or graphd's cap: "Too many sessions") holds growth back with exponential backoff
+  and jitter; the process goes on with the sessions it has.  A process with none marks the budget
+  *hungry*, and processes holding several give one back, so every process gets one.
+* **The deadline.**  Only a process that cannot get even one session within ``retry_seconds``
+  fails, with :class:`NebulaSessionLimitError` naming the cap, the sessions the host holds, and
+  the ways out.
+* **graphd going away.**  A statement whose connection broke is retried on another session with
+  exponential backoff and jitter for up to ``retry_seconds`` in total (a graphd restart, a
+  failover), then it is a :class:`NebulaConnectionError` naming the address and the wait.  A
+  session graphd forgot (idle expiry, ``KILL SESSION``, a restart) is renewed at once.
+  Statements are reads; a retried write may run twice (NebulaGraph inserts overwrite).
+* **Release.**  The pool closes (signing every session out) when its last handle closes, at
+  the worker's exit.  A session whose sign-out could not be confirmed keeps its slot's record, so
+  the next sweep or the next taker of that slot signs it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mploader.errors import MploaderError
+from mploader.integrations.nebula.backoff import FIRST_WAIT_SECONDS, LONGEST_WAIT_SECONDS, Backoff
+from mploader.integrations.nebula.budget import HostSessionBudget, SessionSlot
+from mploader.integrations.nebula.errors import (
+    NebulaConnectionError,
+    NebulaError,
+    NebulaQueryError,
+    NebulaSessionLimitError,
+    NebulaSessionLostError,
+)
+from mploader.integrations.nebula.session import NebulaSession, describe_addresses, sign_out
+
+if TYPE_CHECKING:
+    from nebula3.Config import Config
+    from nebula3.data.ResultSet import ResultSet
+
+_log = logging.getLogger("mploader.nebula")
+
+# How often a process holding several sessions looks at the budget's hungry mark (one stat()).
+HUNGRY_CHECK_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """What a pool needs to make sessions (from :class:`~.hooks.NebulaHooks`)."""
+
+    addresses: tuple[tuple[str, int], ...]
+    user: str
+    password: str
+    space: str | None
+    config: Config | None
+    session_budget: int
+    retry_seconds: float
+
+    @property
+    def where(self) -> str:
+        return describe_addresses(self.addresses)
+
+
+@dataclass
+class _Member:
+    """One session of the pool and the budget slot it holds."""
+
+    session: NebulaSession
+    slot: SessionSlot
+
+
+class _LoginRefused(MploaderError):
+    """Internal: no slot was free, or graphd refused the login for its cap."""
+
+
+_live_pools: weakref.WeakSet[SessionPool] = weakref.WeakSet()
+
+
+def _forget_inherited_pools() -> None:
+    for pool in list(_live_pools):
+        pool.forget()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_pools)
+
+
+class SessionPool:
+    """The sessions of one process for one :class:`~.hooks.NebulaHooks` (see the module doc)."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self.budget = HostSessionBudget(
+            settings.user, settings.where, settings.session_budget
+        )
+        self.closed = False
+        self.renewals = 0  # sessions graphd forgot and the pool replaced
+        self.refusals = 0  # logins refused (budget full or graphd's cap), over the pool's life
+        self.last_refusal = ""  # graphd's text of the last refusal for its cap
+        self.high_water = 0  # the most sessions this pool held at once
+        self._members: list[_Member] = []
+        self._idle: list[_Member] = []
+        self._handles = 0
+        self._logging_in = False
+        self._grow_after = 0.0  # time.monotonic() before which no login is tried
+        self._refused_in_a_row = 0
+        self._hungry_checked_at = 0.0
+        self._cond = threading.Condition()
+        _live_pools.add(self)
+
+    @property
+    def size(self) -> int:
+        """Sessions the pool holds now."""
+        return len(self._members)
+
+    # -- handles ---------------------------------------------------------------------------------
+
+    def add_handle(self) -> None:
+        with self._cond:
+            self._check_usable()
+            self._handles += 1
+
+    def drop_handle(self) -> None:
+        """One handle closed; the last one closes the pool."""
+        with self._cond:
+            self._handles -= 1
+            last = self._handles <= 0
+        if last:
+            self.close()
+
+    # -- borrowing -------------------------------------------------------------------------------
+
+    def take(self, deadline: float) -> _Member:
+        """An idle session, or a new one; waits while the process may not grow.  Raises
+        :class:`NebulaSessionLimitError` when the process has none by ``deadline``, and
+        :class:`NebulaConnectionError` when a login cannot reach graphd."""
+        while True:
+            with self._cond:
+                while True:
+                    self._check_usable()
+                    if self._idle:
+                        return self._idle.pop()
+                    now = time.monotonic()
+                    if not self._logging_in and now >= self._grow_after and not self._yielding():
+                        self._logging_in = True
+                        break
+                    if not self._members and now >= deadline:
+                        raise self._limit_error()
+                    wake = self._grow_after if now < self._grow_after else now + 0.1
+                    self._cond.wait(max(0.001, min(wake, deadline) - now))
+            member, refused = None, False
+            try:
+                member = self._login()
+            except _LoginRefused:
+                refused = True
+            finally:  # a login that could not reach graphd raises on: the caller backs off
+                with self._cond:
+                    self._logging_in = False
+                    if member is not None:
+                        self._add(member)
+                    elif refused:
+                        self._refused()
+                    self._cond.notify_all()
+            if member is not None:
+                return member
+
+    def give_back(self, member: _Member) -> None:
+        """``member`` is free again (or given up for a hungry process, or the pool closed)."""
+        with self._cond:
+            shed = self.closed or (len(self._members) > 1 and self._someone_hungry())
+            if shed:
+                self._members.remove(member)
+            else:
+                self._idle.append(member)
+            self._cond.notify()
+        if shed:
+            _close_member(member)
+
+    def discard(self, member: _Member, forgotten: bool) -> None:
+        """``member``'s session is unusable: ``forgotten`` (graphd no longer knows it) or its
+        connection broke (graphd may still have it: signed out over a connection of its own
+        when possible, else its slot keeps the record)."""
+        with self._cond:
+            with contextlib.suppress(ValueError):
+                self._members.remove(member)
+            if forgotten:
+                self.renewals += 1
+            self._cond.notify_all()
+        session_id, address = member.session.session_id, member.session.address
+        member.session.detach()  # no traffic on its socket: broken, or graphd forgot it
+        signed_out = forgotten or session_id is None
+        if session_id is not None and not signed_out:
+            with contextlib.suppress(Exception):
+                sign_out(address, [session_id])
+                signed_out = True
+        member.slot.release(signed_out)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sign every session out and give their slots back; idempotent."""
+        if self.pid != os.getpid():
+            self.forget()
+            return
+        with self._cond:
+            self.closed = True
+            members, self._members, self._idle = self._members, [], []
+            self._cond.notify_all()
+        for member in members:
+            _close_member(member)
+        _live_pools.discard(self)
+
+    def abandon(self) -> None:
+        """The main process is gone and this worker is about to end: sign every session out
+        over connections of their own (threads may be mid-statement on theirs)."""
+        with self._cond:
+            self.closed = True
+            members, self._members, self._idle = self._members, [], []
+        by_address: dict[str, list[_Member]] = {}
+        for member in members:
+            by_address.setdefault(member.session.address, []).append(member)
+        for address, group in by_address.items():
+            ids = [m.session.session_id for m in group if m.session.session_id is not None]
+            signed_out = False
+            with contextlib.suppress(Exception):
+                sign_out(address, ids)
+                signed_out = True
+            for member in group:
+                member.slot.release(signed_out)
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's sessions and slots without touching them."""
+        self.closed = True
+        self._cond = threading.Condition()  # the parent's may have been held at fork time
+        for member in self._members:
+            member.slot.forget()  # the sessions detach themselves (session.py's fork hook)
+        self._members, self._idle = [], []
+        _live_pools.discard(self)
+
+    # -- inside ----------------------------------------------------------------------------------
+
+    def _login(self) -> _Member:
+        slot = self.budget.try_acquire()
+        if slot is None:
+            raise _LoginRefused("every slot of the host's session budget is held")
+        try:
+            if slot.stale is not None:  # a dead process's session: sign it out first
+                with contextlib.suppress(Exception):
+                    sign_out(slot.stale.address, [slot.stale.session_id])
+            settings = self.settings
+            session = NebulaSession(
+                settings.addresses, settings.user, settings.password, settings.space,
+                settings.config, reconnect=False,
+            )
+            try:
+                session.open()
+            except NebulaSessionLimitError as error:
+                self.last_refusal = str(error)
+                raise _LoginRefused(str(error)) from error
+            slot.record(session.session_id or 0, session.address)
+        except BaseException:
+            slot.release(signed_out=True)
+            raise
+        return _Member(session, slot)
+
+    def _add(self, member: _Member) -> None:
+        self._members.append(member)
+        self.high_water = max(self.high_water, len(self._members))
+        self._refused_in_a_row = 0
+        self._grow_after = 0.0
+
+    def _refused(self) -> None:
+        """A login was refused: hold growth back (backoff with jitter); with no session at all,
+        ask the host's other processes for one."""
+        self.refusals += 1
+        self._refused_in_a_row += 1
+        wait = min(LONGEST_WAIT_SECONDS, FIRST_WAIT_SECONDS * 2 ** min(self._refused_in_a_row, 8))
+        self._grow_after = time.monotonic() + wait * random.uniform(0.5, 1.0)
+        if not self._members:
+            self.budget.mark_hungry()
+
+    def _yielding(self) -> bool:
+        """A process that has sessions does not grow while another has none."""
+        return bool(self._members) and self._someone_hungry()
+
+    def _someone_hungry(self) -> bool:
+        now = time.monotonic()
+        if now - self._hungry_checked_at < HUNGRY_CHECK_SECONDS:
+            return self._hungry
+        self._hungry_checked_at = now
+        self._hungry = self.budget.someone_hungry()
+        return self._hungry
+
+    _hungry = False
+
+    def _limit_error(self) -> NebulaSessionLimitError:
+        settings = self.settings
+        cap = self.last_refusal or "none refused by graphd itself"
+        return NebulaSessionLimitError(
+            f"no session on NebulaGraph at {settings.where} as {settings.user!r} within "
+            f"{settings.retry_seconds:g} s: this host's processes hold {self.budget.held()} of "
+            f"its budget of {settings.session_budget} sessions "
+            f"(NebulaHooks(session_budget=...)), and graphd caps sessions per user and client "
+            f"IP (max_sessions_per_ip_per_user, 300 by default; last refusal: {cap}). Ways out: "
+            "fewer ranks or workers on this host, a lower session_budget shared fairly, raising "
+            "max_sessions_per_ip_per_user in nebula-graphd.conf, or ending the clients that "
+            "hold sessions (SHOW SESSIONS, KILL SESSION <id>)"
+        )
+
+    def _check_usable(self) -> None:
+        if self.pid != os.getpid():
+            raise NebulaError(
+                f"this session pool belongs to process {self.pid}, not {os.getpid()}; "
+                "use mploader.worker_session() in each process"
+            )
+        if self.closed:
+            raise NebulaError(f"the sessions to NebulaGraph at {self.settings.where} are closed")
+
+
+def _close_member(member: _Member) -> None:
+    member.session.close()  # signs out and waits one round trip; never raises
+    member.slot.release(signed_out=True)
+
+
+def sweep_stale_sessions(budget: HostSessionBudget) -> int:
+    """Sign out every session the budget's slots record for processes that are gone; returns
+    how many were signed out.  Run in the main process when a worker died."""
+    swept = 0
+    with budget.stale_sessions() as found:
+        by_address: dict[str, list[Any]] = {}
+        for slot, stale in found:
+            by_address.setdefault(stale.address, []).append((slot, stale))
+        for address, group in by_address.items():
+            try:
+                sign_out(address, [stale.session_id for _, stale in group])
+            except Exception as error:
+                _log.warning("could not sign out %d sessions at %s: %s", len(group), address,
+                             error)
+                continue
+            for slot, _ in group:
+                slot.release(signed_out=True)
+            swept += len(group)
+    return swept
+
+
+class PooledSession:
+    """A thread's view of its process's :class:`SessionPool`: what ``worker_session()`` returns
+    with :class:`~.hooks.NebulaHooks`.  Same statements as :class:`NebulaSession`
+    (``execute``, ``execute_json``); each borrows a session of the pool for that statement."""
+
+    def __init__(self, pool: SessionPool) -> None:
+        pool.add_handle()
+        self.pool = pool
+        self.closed = False
+        self._last_session_id: int | None = None
+
+    @property
+    def session_id(self) -> int | None:
+        """The graphd session that ran this handle's last statement (before any: one of the
+        pool's, logged in if need be); ``None`` once closed."""
+        if self.closed:
+            return None
+        if self._last_session_id is None:
+            self._run("", lambda session, _: None)
+        return self._last_session_id
+
+    @property
+    def reconnects(self) -> int:
+        """Sessions of the pool that graphd forgot and were renewed."""
+        return self.pool.renewals
+
+    def execute(self, statement: str) -> ResultSet:
+        """Run ``statement``: its ``ResultSet``, or :class:`NebulaQueryError` if it failed."""
+        return self._run(statement, NebulaSession.execute)
+
+    def execute_json(self, statement: str) -> dict[str, Any]:
+        """Run ``statement`` through graphd's JSON interface (see
+        :meth:`NebulaSession.execute_json`)."""
+        return self._run(statement, NebulaSession.execute_json)
+
+    def _run(self, statement: str, send: Callable[[NebulaSession, str], Any]) -> Any:
+        if self.closed:
+            where = self.pool.settings.where
+            raise NebulaError(f"this session to NebulaGraph at {where} is closed")
+        pool = self.pool
+        backoff = Backoff(pool.settings.retry_seconds)
+        deadline = backoff.started + pool.settings.retry_seconds
+        renewed = False
+        while True:
+            try:
+                member = pool.take(deadline)
+            except (NebulaSessionLimitError, NebulaSessionLostError):
+                raise
+            except NebulaConnectionError as error:
+                self._wait_or_raise(backoff, error)
+                continue
+            try:
+                answer = send(member.session, statement)
+            except NebulaSessionLostError as error:
+                pool.discard(member, forgotten=True)
+                if renewed:  # forgotten twice in a row: graphd may be restarting
+                    self._wait_or_raise(backoff, error)
+                renewed = True
+                continue
+            except NebulaQueryError:
+                pool.give_back(member)
+                raise
+            except NebulaConnectionError as error:
+                pool.discard(member, forgotten=False)
+                self._wait_or_raise(backoff, error)
+                continue
+            except BaseException:
+                pool.discard(member, forgotten=False)
+                raise
+            self._last_session_id = member.session.session_id
+            pool.give_back(member)
+            return answer
+
+    def _wait_or_raise(self, backoff: Backoff, error: NebulaError) -> None:
+        if backoff.sleep():
+            return
+        settings = self.pool.settings
+        raise NebulaConnectionError(
+            f"NebulaGraph at {settings.where} did not answer for {backoff.waited:.1f} s "
+            f"({backoff.attempts} retries with backoff; NebulaHooks(retry_seconds="
+            f"{settings.retry_seconds:g})): {error}"
+        ) from error
+
+    def close(self) -> None:
+        """Close this handle; the pool's last handle signs its sessions out.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.drop_handle()
+
+    def detach(self) -> None:
+        """In a forked child: drop this inherited handle without touching the parent's pool."""
+        self.closed = True
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a NebulaGraph session belongs to the process that opened it and cannot be pickled; "
+            "pickle the NebulaHooks (or NebulaFeatureStore) instead"
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"PooledSession({self.pool.settings.where}, pool of {self.pool.size} in pid "
+            f"{self.pool.pid}, {state})"
+        )

@@ -1,0 +1,379 @@
+"""NebulaGraph at the scale of a real job, against the bundled graphd with graphd's rules on.
+
+graphd caps sessions per user and client IP (300 by default), keeps a dead client's sessions
+until they idle out, expires idle ones, refuses statements over 4 MiB, and restarts.  Each test
+switches the rule it needs on (the shared ``nebula_server`` runs graphd's defaults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+import mploader
+from mploader.integrations.nebula import (
+    NebulaConnectionError,
+    NebulaFeatureStore,
+    NebulaHooks,
+    NebulaQueryError,
+    split_id_statements,
+)
+from nebula_testing import citation
+from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
+from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+
+from .loader_datasets import FetchAll, KillOnceAt, QueryThenSleep, YieldPerFetchThread
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = 60
+
+
+def _server(**rules: Any) -> NebulaServerProcess:
+    return start_server_process(
+        preload="citation", nodes=NODES, feature_dim=4, classes=3, cites_per_node=2, **rules
+    )
+
+
+def _hooks(server: NebulaServerProcess, **overrides: Any) -> NebulaHooks:
+    return NebulaHooks([server.address], space=citation.CITATION_SPACE, **overrides)
+
+
+class _Admin:
+    """A plain nebula3 session for SHOW SESSIONS; :meth:`watch` samples the count meanwhile."""
+
+    def __init__(self, address: str) -> None:
+        from nebula3.Config import Config
+        from nebula3.gclient.net import ConnectionPool
+
+        host, port = address.rsplit(":", 1)
+        self.pool = ConnectionPool()
+        self.pool.init([(host, int(port))], Config())
+        self.session = self.pool.get_session("root", "nebula")
+        self.high_water = 0
+
+    def others(self) -> set[int]:
+        return session_ids(self.session) - {self.session._session_id}
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        """Sample the sessions (the admin's own included, as graphd counts it) every 20 ms."""
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.02):
+                with contextlib.suppress(Exception):
+                    self.high_water = max(self.high_water, len(self.others()) + 1)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.session.release()
+        self.pool.close()
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[NebulaServerProcess]:
+    """graphd with an administrator's tighter cap of 24 and 2 ms per statement."""
+    with _server(max_sessions_per_ip_per_user=24, latency_ms=2) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def strict() -> Iterator[NebulaServerProcess]:
+    """graphd with a cap of 3, a 1 s idle timeout and 2000-byte statements."""
+    with _server(
+        max_sessions_per_ip_per_user=3, session_idle_timeout_secs=1, max_allowed_query_size=2000
+    ) as server:
+        yield server
+
+
+def _check_every_item_once(rows: torch.Tensor, length: int) -> None:
+    assert sorted(rows[:, 0].tolist()) == list(range(length))
+    assert torch.equal(rows[:, 0], rows[:, 1]), "a reply went to another statement"
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def test_the_bundled_server_enforces_graphds_session_rules(strict: NebulaServerProcess) -> None:
+    from nebula3.Config import Config
+    from nebula3.Exception import AuthFailedException
+    from nebula3.gclient.net import ConnectionPool
+
+    pool = ConnectionPool()
+    host, port = strict.address.rsplit(":", 1)
+    pool.init([(host, int(port))], Config())
+    try:
+        first, second, third = (pool.get_session("root", "nebula") for _ in range(3))
+        with pytest.raises(AuthFailedException) as refused:
+            pool.get_session("root", "nebula")
+        assert (  # nebula3 wraps graphd's text as 'Auth failed: b"..."'
+            "Create Session failed: Too many sessions created from 127.0.0.1 by user root. the "
+            "threshold is 3. You can change it by modifying 'max_sessions_per_ip_per_user' in "
+            "nebula-graphd.conf"
+        ) in str(refused.value.message)
+        listed = session_ids(first)
+        assert {second._session_id, third._session_id} <= listed
+        assert first.execute("YIELD 1 AS q" + " " * 2000).error_msg().startswith(
+            "Query is too large")
+        third._connection.close()  # a client dying without signing out: its session stays
+        assert third._session_id in session_ids(first)
+        assert first.execute(f"KILL SESSION {third._session_id}").is_succeeded()
+        assert third._session_id not in session_ids(first)
+        time.sleep(1.3)  # over session_idle_timeout_secs
+        expired = second.execute("YIELD 1 AS q")
+        assert expired.error_code() == -1002 and expired.error_msg() == "Session not existed!"
+        first.release()
+    finally:
+        pool.close()
+
+
+# ----------------------------------------------------------------------------- the cap
+
+
+def test_512_fetch_threads_stay_under_graphds_default_cap_of_300() -> None:
+    with _server(latency_ms=2) as server:
+        admin = _Admin(server.address)
+        try:
+            loader = mploader.DataLoader(
+                YieldPerFetchThread(2048, delay=0.05), batch_size=2, num_workers=4,
+                worker_threads=128, worker_hooks=_hooks(server), multiprocessing_context="fork",
+            )
+            with admin.watch():
+                rows = torch.cat(list(loader))
+            _check_every_item_once(rows, 2048)
+            sessions = {int(s) for s in rows[:, 4]}
+            assert 4 <= len(sessions) <= 240  # the host's budget, under graphd's 300
+            assert admin.high_water <= 241
+            assert wait_for(lambda: not admin.others())
+        finally:
+            admin.close()
+
+
+def test_a_cap_of_24_with_128_threads_slows_down_instead_of_failing(
+    capped: NebulaServerProcess,
+) -> None:
+    admin = _Admin(capped.address)
+    try:
+        loader = mploader.DataLoader(
+            YieldPerFetchThread(512, delay=0.02), batch_size=2, num_workers=4, worker_threads=32,
+            worker_hooks=_hooks(capped), multiprocessing_context="fork",
+        )
+        with admin.watch():
+            rows = torch.cat(list(loader))
+        _check_every_item_once(rows, 512)
+        assert len(set(rows[:, 2].tolist())) == 4  # every worker got sessions
+        assert admin.high_water <= 24
+        assert wait_for(lambda: not admin.others())
+    finally:
+        admin.close()
+
+
+# ----------------------------------------------------------------------------- releasing
+
+
+def test_a_sigkilled_workers_sessions_are_gone_after_the_epoch(
+    nebula_server: NebulaTarget, nebula_admin: Any, tmp_path: Any
+) -> None:
+    before = session_ids(nebula_admin)
+    dataset = KillOnceAt(96, victim=40, marker=str(tmp_path / "killed"), delay=0.01)
+    loader = mploader.DataLoader(
+        dataset, batch_size=4, num_workers=2, worker_threads=8, max_worker_restarts=1,
+        worker_hooks=nebula_server.hooks(), multiprocessing_context="fork",
+    )
+    rows = torch.cat(list(loader))
+    _check_every_item_once(rows, 96)
+    assert os.path.exists(tmp_path / "killed")
+    assert wait_for(lambda: session_ids(nebula_admin) == before)
+
+
+def _run_and_get_killed(address: str, ready: Any) -> None:
+    """A main process whose workers are mid-statement when it is SIGKILLed."""
+    hooks = NebulaHooks([address], space=citation.CITATION_SPACE)
+    loader = mploader.DataLoader(
+        QueryThenSleep(64, delay=30.0), batch_size=2, num_workers=2, worker_threads=2,
+        worker_hooks=hooks, multiprocessing_context="fork",
+    )
+    iterator = iter(loader)
+    ready.put([child.pid for child in psutil.Process().children()])
+    next(iterator)
+
+
+def test_workers_of_a_killed_main_process_sign_their_sessions_out(
+    nebula_server: NebulaTarget, nebula_admin: Any
+) -> None:
+    before = session_ids(nebula_admin)
+    context = multiprocessing.get_context("fork")
+    ready = context.Queue()
+    main = context.Process(target=_run_and_get_killed, args=(nebula_server.address, ready))
+    main.start()
+    workers = ready.get(timeout=30)
+    assert wait_for(lambda: len(session_ids(nebula_admin) - before) >= 2, timeout=20)
+    main.kill()
+    main.join()
+    assert wait_for(lambda: session_ids(nebula_admin) == before, timeout=15)  # the watchdog path
+    assert wait_for(lambda: not any(psutil.pid_exists(pid) for pid in workers), timeout=10)
+
+
+def test_expired_sessions_are_renewed_between_epochs(strict: NebulaServerProcess) -> None:
+    loader = mploader.DataLoader(
+        YieldPerFetchThread(24, delay=0.0), batch_size=4, num_workers=1, worker_threads=2,
+        persistent_workers=True, worker_hooks=_hooks(strict), multiprocessing_context="fork",
+    )
+    first = torch.cat(list(loader))
+    time.sleep(1.5)  # the idle timeout is 1 s: graphd forgets every session of the worker
+    second = torch.cat(list(loader))
+    _check_every_item_once(first, 24)
+    _check_every_item_once(second, 24)
+    assert not {int(s) for s in first[:, 4]} & {int(s) for s in second[:, 4]}  # new sessions
+    del loader
+
+
+# ----------------------------------------------------------------------------- restarts
+
+
+def test_graphd_stopped_for_2_s_mid_epoch_every_item_comes_once() -> None:
+    with _server(latency_ms=1) as server:
+        loader = mploader.DataLoader(
+            YieldPerFetchThread(240, delay=0.02), batch_size=4, num_workers=2, worker_threads=4,
+            worker_hooks=_hooks(server), multiprocessing_context="fork",
+        )
+        port, rows = server.port, []
+        for step, batch in enumerate(loader):
+            rows.append(batch)
+            if step == 5:
+                server.stop()
+                threading.Timer(2.0, server.start, kwargs={"port": port}).start()
+        _check_every_item_once(torch.cat(rows), 240)
+
+
+def test_graphd_gone_for_good_is_a_connection_error_within_retry_seconds() -> None:
+    server = _server()
+    address = server.address
+    loader = mploader.DataLoader(
+        YieldPerFetchThread(64, delay=0.0), batch_size=4, num_workers=2, worker_threads=2,
+        worker_hooks=_hooks(server, retry_seconds=3), multiprocessing_context="fork",
+    )
+    servers = {child.pid for child in psutil.Process().children()}  # module fixtures' graphds
+    iterator = iter(loader)
+    next(iterator)
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(NebulaConnectionError) as caught:
+        for _ in iterator:
+            pass
+    assert time.monotonic() - started < 3 + 10
+    assert address in str(caught.value) and "retry_seconds=3" in str(caught.value)
+    del iterator, loader, caught
+    gc.collect()  # the error's traceback frames hold the iterator in a cycle
+    assert wait_for(  # nothing left running
+        lambda: {child.pid for child in psutil.Process().children()} <= servers, timeout=10)
+
+
+# ----------------------------------------------------------------------------- statement size
+
+
+def test_a_fetch_over_4_mib_is_split(nebula_server: NebulaTarget) -> None:
+    if nebula_server.real:
+        pytest.skip("needs graphd's default max_allowed_query_size")
+    head = f"FETCH PROP ON `{citation.PAPER_TAG}` "
+    tail = f" YIELD id(vertex) AS vid, `{citation.PAPER_TAG}`.`{citation.LABEL_PROP}` AS label"
+    # Over 4 MiB of ids (long ones: fewer to parse); the graph has the first 300.
+    vids = [*range(nebula_server.graph.num_nodes), *range(10**17, 10**17 + 220_000)]
+    with nebula_server.hooks().open_session() as session:
+        whole = head + ", ".join(map(str, vids)) + tail
+        with pytest.raises(NebulaQueryError, match="Query is too large"):
+            session.execute_json(whole)
+        pieces = list(split_id_statements(head, vids, tail))
+        assert len(pieces) == 2 and all(len(p) <= 4 * 1024 * 1024 for p in pieces)
+        found = Counter(
+            entry["row"][0]
+            for piece in pieces
+            for entry in session.execute_json(piece)["results"][0]["data"]
+        )
+    assert found == Counter(range(nebula_server.graph.num_nodes))
+
+
+def test_the_feature_store_splits_below_the_servers_limit(strict: NebulaServerProcess) -> None:
+    graph = citation.make_citation_graph(NODES, 4, 3, 0, 2)
+    store = NebulaFeatureStore(
+        citation.PAPER_TAG, citation.FEATURE_PROP, citation.LABEL_PROP, feature_dim=4,
+        batch_size=1_000_000, max_query_bytes=2000,  # one statement would be ~2.5 KB
+    )
+    loader = mploader.DataLoader(
+        FetchAll(store, NODES), batch_size=None, num_workers=1,
+        worker_hooks=_hooks(strict), multiprocessing_context="fork",
+    )
+    (features, labels), = list(loader)
+    assert torch.equal(features, torch.from_numpy(graph.features))
+    assert torch.equal(labels, torch.from_numpy(graph.labels))
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+def _rank(address: str, rank: int, ranks: int, results: Any) -> None:
+    dataset = YieldPerFetchThread(384, delay=0.01)
+    sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, shuffle=True, seed=3)
+    loader = mploader.DataLoader(
+        dataset, batch_size=4, sampler=sampler, num_workers=2, worker_threads=8,
+        worker_hooks=NebulaHooks([address], space=citation.CITATION_SPACE),
+        multiprocessing_context="fork",
+    )
+    try:
+        rows = torch.cat(list(loader))
+        results.put((rank, rows[:, 0].tolist(), bool(torch.equal(rows[:, 0], rows[:, 1])), ""))
+    except BaseException as error:
+        results.put((rank, [], False, repr(error)))
+
+
+def test_ranks_x_workers_x_threads_over_the_cap_see_every_sample_once(
+    capped: NebulaServerProcess,
+) -> None:
+    """4 ranks x 2 workers x 8 threads (64 fetch threads) against a cap of 24, with
+    DistributedSampler: each sample once per epoch across ranks, no failure, 0 sessions left."""
+    ranks = 4
+    admin = _Admin(capped.address)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    try:
+        with admin.watch():
+            processes = [
+                context.Process(target=_rank, args=(capped.address, rank, ranks, results))
+                for rank in range(ranks)
+            ]
+            for process in processes:
+                process.start()
+            outcomes = [results.get(timeout=90) for _ in range(ranks)]
+            for process in processes:
+                process.join(30)
+        errors = [error for _, _, _, error in outcomes if error]
+        assert not errors
+        assert all(right for _, _, right, _ in outcomes)
+        seen = Counter(index for _, indices, _, _ in outcomes for index in indices)
+        assert seen == Counter(range(384))
+        print(f"session high-water mark: {admin.high_water} (cap 24, 64 fetch threads)")
+        assert admin.high_water <= 24
+        assert wait_for(lambda: not admin.others())
+    finally:
+        admin.close()
