@@ -23,7 +23,7 @@ _DEFAULT_BUDGET_CAP = 8 << 30
 # machine): inline costs about 54 us + 2.2 us per KiB (the bytes are copied into the pickle, through
 # the pipe and out again), a block costs about 73 us flat (pool bookkeeping, a lease and its
 # finalizer, the release); they cross near 9 KiB (8 KiB: 167/73 us noisy, 12 KiB: 79/74 us,
-# 24 KiB: 107/73 us). We take 16 KiB because a real release costs the core one more pipe write
+# 24 KiB: 107/73 us). We take 16 KiB because a real release costs one more write on the task pipe
 # than the benchmark's piggy-backed one, which moves the crossover up. The small workloads'
 # batches (one int64, one 64x10 float32 = 2.5 KiB) stay inline.
 DEFAULT_INLINE_THRESHOLD = 16 << 10

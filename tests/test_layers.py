@@ -17,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mploader"
 
-LEAVES = {"config", "errors", "finalizers"}
+LEAVES = {"config", "errors", "finalizers", "polling"}
 MAY_IMPORT = {
     "iterator": {"process", "worker", "channel", "monitor"} | LEAVES,
     "process": {"worker", "channel", "monitor"} | LEAVES,
@@ -28,6 +28,7 @@ MAY_IMPORT = {
     "config": set(),
     "errors": set(),
     "finalizers": set(),
+    "polling": set(),
 }
 
 

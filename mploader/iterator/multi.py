@@ -59,6 +59,8 @@ _log = logging.getLogger("mploader")
 
 
 class MultiProcessIterator(BaseIterator):
+    """The iterator of a loader with ``num_workers > 0`` (see the module docstring)."""
+
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         constructed_at = time.monotonic()  # start-up begins: the trace's first span
         super().__init__(loader, settings)
@@ -105,7 +107,7 @@ class MultiProcessIterator(BaseIterator):
         # Collected, it is shut down by the finalizer thread, never where the collector ran (a
         # thread holding a lock the shutdown takes): mploader.finalizers.
         self._finalizer = finalizers.finalize(
-            self, _shut_down, self._group, self._channel, self._pinning, self._urgency,
+            self, _shutdown_iterator, self._group, self._channel, self._pinning, self._urgency,
             self._monitor, settings.latest_stats, self._followed_as,
         )
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
@@ -155,6 +157,8 @@ class MultiProcessIterator(BaseIterator):
         return self._group.processes
 
     def _shutdown_workers(self) -> None:
+        """Stop the workers now (torch's name, which Lightning and others call); the iterator's
+        one shutdown, :func:`_shutdown_iterator`, runs once, here or from its finalizer."""
         self._shutdown = True
         publisher.unregister(self)
         self._finalizer()
@@ -467,6 +471,8 @@ class _TaskError(PicklesWithoutInit, MploaderError):
 
 
 class _Arrived:
+    """A result that arrived: its message, its payload, and the worker's state after it."""
+
     __slots__ = ("message", "payload", "pinned", "snapshot")
 
     def __init__(self, message: TaskDone, payload: bytes | None) -> None:
@@ -482,7 +488,7 @@ def _resolve_context(context: Any) -> Any:
     return multiprocessing.get_context() if context is None else context
 
 
-def _shut_down(
+def _shutdown_iterator(
     group: WorkerGroup,
     channel: MainEnd,
     pinning: ThreadPoolExecutor | None,
@@ -522,4 +528,4 @@ def _shut_down(
             name = WorkerEvent.EXIT if exitcode in (0, None) else WorkerEvent.CRASH
             monitor.worker_event(name, handle.worker_id, handle.pid,
                                  exitcode="unknown" if exitcode is None else exitcode)
-        monitor.shut_down()
+        monitor.shutdown()

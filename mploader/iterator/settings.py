@@ -17,6 +17,8 @@ from torch.utils.data._utils import collate as torch_collate
 
 @dataclass
 class LoaderSettings:
+    """What an iterator reads from its loader, read once when the iterator is made."""
+
     dataset: Any
     is_iterable: bool
     auto_collation: bool

@@ -28,6 +28,8 @@ from mploader.worker.resume import restored_fetcher
 
 
 class SingleProcessIterator(BaseIterator):
+    """The iterator of a loader with ``num_workers=0``: everything in this process."""
+
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         constructed_at = time.monotonic()
         super().__init__(loader, settings)

@@ -25,6 +25,8 @@ class WorkerState(StrEnum):
 
 
 class WorkerEvent(StrEnum):
+    """The lifecycle events logged and traced for a worker."""
+
     START = "worker start"
     READY = "worker ready"
     EXIT = "worker exit"

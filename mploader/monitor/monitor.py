@@ -44,6 +44,8 @@ FINISHES_KEPT = 64
 
 @dataclass
 class WorkerCounters:
+    """What the monitor counts of one worker process (a replacement starts afresh)."""
+
     pid: int | None
     started_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None  # its WorkerReady arrived: it takes tasks from then on
@@ -59,6 +61,9 @@ class WorkerCounters:
 
 
 class IteratorMonitor:
+    """The counters, trace spans and memory samples of one iterator; told what happens by
+    the iterator, it calls nobody back, and ``snapshot`` makes a ``LoaderStats``."""
+
     def __init__(self, num_workers: int, tracer: Tracer | None) -> None:
         self.created_at = time.monotonic()
         self.workers = [WorkerCounters(None) for _ in range(num_workers)]
@@ -224,7 +229,7 @@ class IteratorMonitor:
         if self.tracer and write_trace:
             self.tracer.flush()
 
-    def shut_down(self) -> None:
+    def shutdown(self) -> None:
         """The iterator's workers are gone: close what is open and write the trace."""
         now = time.monotonic()
         if self._startup_began is not None:

@@ -17,6 +17,8 @@ MB = 2**20
 
 @dataclass(frozen=True)
 class WorkerStats:
+    """One worker in a ``LoaderStats`` snapshot (see ``mploader.LoaderStats``)."""
+
     worker_id: int
     pid: int | None
     state: WorkerState
@@ -38,6 +40,9 @@ class WorkerStats:
 
 @dataclass(frozen=True)
 class LoaderStats:
+    """A frozen snapshot of a loader's iterator and its workers (``DataLoader.stats()``):
+    ``print()`` it for a table, ``repr()`` keeps every field."""
+
     workers: tuple[WorkerStats, ...]
     tasks_in_flight: int
     batches_delivered: int

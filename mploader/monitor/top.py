@@ -27,7 +27,7 @@ from mploader.monitor.publish import (
     make_private_dir,
     publish_dir,
 )
-from mploader.monitor.stats import aligned_columns, count_of, format_seconds
+from mploader.monitor.stats import aligned_columns, count_of, format_megabytes, format_seconds
 
 # ``--once`` waits for every loader to answer the touched watching file: at least one publishing
 # interval (a loader that had no file yet cannot be waited for by name), at most this long.
@@ -168,8 +168,8 @@ def _worker_fields(worker: dict[str, Any]) -> tuple[str, ...]:
         _or_dash(task),
         format_seconds(worker["task_seconds"]) if task is not None else "-",
         str(worker["tasks_done"]),
-        _megabytes(worker["rss_bytes"]),
-        _megabytes(worker["uss_bytes"]),
+        format_megabytes(worker["rss_bytes"]),
+        format_megabytes(worker["uss_bytes"]),
         _percent(worker.get("cpu_share")),
     )
 
@@ -184,10 +184,6 @@ def _number(value: float | None, spec: str) -> str:
 
 def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
-
-
-def _megabytes(size: int | None) -> str:
-    return "-" if size is None else f"{size / 2**20:.1f}"
 
 
 # -- the live view ------------------------------------------------------------------------------

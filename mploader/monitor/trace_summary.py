@@ -19,7 +19,7 @@ from typing import Any
 
 from mploader.errors import MploaderError
 from mploader.monitor.events import WorkerEvent
-from mploader.monitor.stats import verdict
+from mploader.monitor.stats import count_of, verdict
 
 STAGES = ("fetch", "collate", "transfer", "reorder wait")
 
@@ -72,6 +72,8 @@ def _recover(data: bytes) -> Any:
 
 @dataclass
 class _Epoch:
+    """One epoch's span and batches, as read back from a trace."""
+
     start: float = float("inf")
     end: float = float("-inf")
     startup_end: float | None = None  # the main process's start-up span ended
@@ -143,14 +145,14 @@ def summarize(path: str | Path, slowest: int = 5) -> str:
                 epoch.batches.add(args["task"])
 
     batches = sum(len(epoch.batches) for epoch in epochs.values())
-    lines = [f"{path}: {wall / 1e6:.3f} s traced, {_count(len(epochs), 'epoch')}, "
-             f"{_count(batches, 'batch', 'batches')}"]
+    lines = [f"{path}: {wall / 1e6:.3f} s traced, {count_of(len(epochs), 'epoch')}, "
+             f"{count_of(batches, 'batch', 'batches')}"]
     lines += _startup_lines(startups, wall)
     if len(epochs) > 1:
         lines.append("epochs:")
         for number, epoch in sorted(epochs.items()):
             startup = f" (start-up {epoch.startup / 1e6:.3f} s)" if epoch.startup else ""
-            lines.append(f"  epoch {number}: {_count(len(epoch.batches), 'batch', 'batches')} "
+            lines.append(f"  epoch {number}: {count_of(len(epoch.batches), 'batch', 'batches')} "
                          f"in {(epoch.end - epoch.start) / 1e6:.3f} s{startup}")
     iterating = sum(epoch.after_startup for epoch in epochs.values())
     lines.append(f"busy share (fetch + collate) over the {iterating / 1e6:.3f} s of iteration "
@@ -210,8 +212,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _count(number: int, singular: str, plural: str = "") -> str:
-    return f"{number} {singular if number == 1 else plural or singular + 's'}"
+
 
 
 def _process_order(name: str) -> tuple[int, str]:

@@ -23,6 +23,8 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+from mploader.polling import Poller, WakePipe
+
 # Larger pipe buffers let a worker finish writing a medium result without waiting for the main
 # process to read, and let many prefetched task frames sit in the pipe.  1 MiB is the default
 # ceiling of /proc/sys/fs/pipe-max-size for unprivileged processes.
@@ -101,14 +103,12 @@ class Waiter:
     """One ``poll(2)`` over result pipes, sentinels, the wake-up pipe and blocked task pipes."""
 
     def __init__(self) -> None:
-        self._poll = select.poll()
+        self._poller = Poller()
         self._read_fds: set[int] = set()
         self._write_fds: set[int] = set()
         self.closed = False
-        self.wakeup_read, self.wakeup_write = os.pipe()
-        os.set_blocking(self.wakeup_read, False)
-        os.set_blocking(self.wakeup_write, False)
-        self.watch_readable(self.wakeup_read)
+        self._wakeup = WakePipe()
+        self.watch_readable(self._wakeup.read_fd)
 
     def watch_readable(self, fd: int) -> None:
         self._read_fds.add(fd)
@@ -117,10 +117,7 @@ class Waiter:
     def unwatch(self, fd: int) -> None:
         self._read_fds.discard(fd)
         self._write_fds.discard(fd)
-        try:
-            self._poll.unregister(fd)
-        except (KeyError, ValueError):
-            pass
+        self._poller.unwatch(fd)
 
     def watch_writable(self, fd: int, enabled: bool) -> None:
         if enabled == (fd in self._write_fds):
@@ -138,40 +135,24 @@ class Waiter:
         if fd in self._write_fds:
             mask |= select.POLLOUT
         if mask:
-            self._poll.register(fd, mask)
+            self._poller.watch(fd, mask)
         else:
             self.unwatch(fd)
 
     def wait(self, timeout: float | None) -> list[tuple[int, int]]:
         """Ready (fd, event mask) pairs; empty on timeout.  ``None`` waits forever."""
-        milliseconds = None if timeout is None else max(0, int(timeout * 1000))
-        events = self._poll.poll(milliseconds)
-        if any(fd == self.wakeup_read for fd, _ in events):
-            self._drain_wakeups()
-        return [(fd, mask) for fd, mask in events if fd != self.wakeup_read]
+        events = self._poller.ready(timeout)
+        wakeup = self._wakeup.read_fd
+        if any(fd == wakeup for fd, _ in events):
+            self._wakeup.drain()
+        return [(fd, mask) for fd, mask in events if fd != wakeup]
 
     def wake(self) -> None:
         """Make a blocked ``wait`` return; safe from signal handlers, finalizers, other threads."""
-        if self.closed:
-            return  # the fd number may already belong to someone else
-        try:
-            os.write(self.wakeup_write, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # already woken, or closing
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self.wakeup_read, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        self._wakeup.wake()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for fd in (self.wakeup_read, self.wakeup_write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wakeup.close()

@@ -23,10 +23,8 @@ the write end, so the pipe reads EOF the moment the worker ends, however it ends
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
-import select
 import signal
 import socket
 import struct
@@ -37,7 +35,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from mploader.errors import ZygoteError, ZygoteTimeoutError
+from mploader.errors import ZygoteError, ZygoteTimeoutError, signal_name
+from mploader.polling import Poller, WakePipe, readable
 
 _log = logging.getLogger("mploader")
 _HEADER = struct.Struct("!Q")
@@ -85,16 +84,6 @@ def helper_pids() -> list[int]:
     """pids of this process's zygotes (long-lived helpers, like multiprocessing's fork server)."""
     with _instances_lock:
         return [z.process.pid for (pid, _), z in _instances.items() if pid == os.getpid()]
-
-
-def readable(fds: list[int], timeout: float | None) -> set[int]:
-    """The fds among ``fds`` that are readable (or at EOF), waiting up to ``timeout`` seconds
-    (None: until one is).  ``poll(2)``: any fd number works, unlike ``select(2)``'s first 1024."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
-    return {fd for fd, _ in poller.poll(milliseconds)}
 
 
 class _Gone(ZygoteError):
@@ -273,7 +262,7 @@ class Zygote:
         if code is None:
             status = "closed its connection"
         elif code < 0:
-            status = f"was killed by {_signal_name(-code)}"
+            status = f"was killed by {signal_name(-code)}"
         else:
             status = f"exited with exit code {code}"
         return f"mploader's {self.start_method} worker zygote (pid {self.process.pid}) {status}"
@@ -285,13 +274,6 @@ class Zygote:
                  "code under `if __name__ == '__main__':`")
         return (f"{self.ended_how()} before it was ready to start workers; {cause}. "
                 f"{_WAY_OUT}.")
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _process_state(pid: int | None) -> str:
@@ -425,18 +407,19 @@ def _zygote_main(sock: socket.socket) -> None:
         _send(sock, ("failed", traceback.format_exc()))
         raise
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
+    wakeup = WakePipe()
+    signal.set_wakeup_fd(wakeup.write_fd)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd is what matters
     _send(sock, ("ready",))
+    waiting = Poller(sock.fileno(), wakeup.read_fd)
     try:
         while True:
-            ready = readable([sock.fileno(), wake_read], 1.0)
-            if wake_read in ready:
-                os.read(wake_read, 4096)
+            ready = waiting.readable(1.0)
+            if wakeup.read_fd in ready:
+                wakeup.drain()
             _reap_children(sock)
-            if sock.fileno() in ready and not _serve_request(sock, (wake_read, wake_write)):
+            if sock.fileno() in ready and not _serve_request(
+                    sock, (wakeup.read_fd, wakeup.write_fd)):
                 return  # the main process closed its end (or died)
             if os.getppid() != parent:
                 return

@@ -14,6 +14,8 @@ from mploader.worker.item_random import TaskSeed, enter_item, leave_item
 
 
 class MapFetcher:
+    """Fetches a map-style dataset's items (or a batch through ``__getitems__``)."""
+
     def __init__(self, dataset: Any, auto_collation: bool) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation

@@ -34,6 +34,8 @@ class TaskSeed:
 
 
 class _Current(threading.local):
+    """The task and item position whose generator ``item_generator()`` gives, per thread."""
+
     task: TaskSeed | None = None
     position = 0
     generator: torch.Generator | None = None

@@ -21,12 +21,11 @@ import faulthandler
 import logging
 import os
 import pickle
-import select
 import signal
 import sys
 import time
 from collections import deque
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ import torch
 from mploader.channel import WorkerEnd, open_worker_end
 from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
+from mploader.polling import Poller
 from mploader.worker.datapipes import seed_datapipe
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import (
@@ -80,6 +80,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
 
 
 class WorkerLoop:
+    """A worker process's life: start, read tasks, fetch, reply, finish (see the module)."""
+
     def __init__(self, spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
         self.spec = spec
         self.tasks = tasks
@@ -94,11 +96,10 @@ class WorkerLoop:
         self.epoch_error: RemoteError | None = None
         self.fetcher: MapFetcher | IterableFetcher | None = None
         self.watchdog = ParentWatchdog(spec.parent_pid, tasks.fileno(), spec.parent_is_zygote)
-        # Whether the task pipe holds a frame (or was closed): a poll object made once, for the
-        # loop thread, the pipes' only reader (Connection.poll builds a selector per call:
-        # 4.8 us against 0.3 us, twice a task).
-        self.tasks_readable = select.poll()
-        self.tasks_readable.register(tasks.fileno(), select.POLLIN)
+        # Whether the task pipe holds a frame (or was closed), for the loop thread, the pipes'
+        # only reader; with fetch threads, whether a fetch finished too (mploader.polling).
+        self.tasks_readable = Poller(tasks.fileno())
+        self.tasks_or_fetches: Poller | None = None
         self.channel: WorkerEnd = open_worker_end(
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
             spec.in_flight_per_worker,
@@ -143,6 +144,7 @@ class WorkerLoop:
                 self.fetch_threads = FetchThreads(
                     spec.worker_threads, spec.dataset, spec.auto_collation
                 )
+                self.tasks_or_fetches = Poller(self.tasks.fileno(), self.fetch_threads.fileno())
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None,
                               time.monotonic()))
         self.watchdog.start_thread(self.abandon)
@@ -202,15 +204,15 @@ class WorkerLoop:
     def read_pipe(self, timeout: float) -> bool:
         """Move every frame already in the pipe (and every finished fetch) into the inbox,
         waiting up to ``timeout``."""
-        if self.fetch_threads is None:
-            if not self.tasks_readable.poll(timeout * 1000):
+        if self.fetch_threads is None or self.tasks_or_fetches is None:
+            if not self.tasks_readable.ready(timeout):
                 return False
         else:
-            ready = wait([self.tasks, self.fetch_threads.fileno()], timeout)
+            ready = self.tasks_or_fetches.readable(timeout)
             if not ready:
                 return False
             self.inbox.extend(self.fetch_threads.take_finished())
-            if self.tasks not in ready:
+            if self.tasks.fileno() not in ready:
                 return True
         while True:
             try:
@@ -219,7 +221,7 @@ class WorkerLoop:
                 self.inbox.append(Stop())
                 return True
             self.take(message)
-            if not self.tasks_readable.poll(0):
+            if not self.tasks_readable.ready(0):
                 return True
 
     def take(self, message: Any) -> None:
@@ -238,7 +240,7 @@ class WorkerLoop:
         batch takes a block: the consumer let go of a block meanwhile (it was waiting for this
         very batch), and without reading that release the pool would make a new block (a 600 MB
         block is 150,000 fresh pages to fault in) while a free one is on its way."""
-        if self.tasks_readable.poll(0):
+        if self.tasks_readable.ready(0):
             self.read_pipe(0)
         self.apply_releases()
 

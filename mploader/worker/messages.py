@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Task:
+    """Fetch ``indices`` (task ``task_id`` of the iterator's ``epoch``); reply with a TaskDone."""
+
     epoch: int
     task_id: int
     indices: Any
@@ -44,23 +46,31 @@ class Task:
 
 @dataclass(slots=True)
 class Release:
+    """Shared-memory blocks with no live view left in the main process (``retired``: drop them)."""
+
     blocks: list[tuple[int, int]]
     retired: list[tuple[int, int]] = field(default_factory=list)  # never reuse: a fork child
 
 
 @dataclass(slots=True)
 class Resume:
+    """A persistent worker begins the iterator's ``epoch``."""
+
     epoch: int
     shared_seed: int | None = None  # an IterDataPipe's seed for this epoch
 
 
 @dataclass(slots=True)
 class Stop:
+    """Exit gracefully."""
+
     pass
 
 
 @dataclass(slots=True)
 class WorkerReady:
+    """The worker is seeded and its ``worker_init_fn`` and hooks ran (``init_failed``: not)."""
+
     worker_id: int
     pid: int
     init_failed: bool = False
@@ -69,6 +79,8 @@ class WorkerReady:
 
 @dataclass(slots=True)
 class TaskDone:
+    """Task ``task_id``'s batch (its payload) or its error, with the worker's state after it."""
+
     epoch: int
     task_id: int
     worker_id: int
@@ -81,6 +93,8 @@ class TaskDone:
 
 @dataclass(slots=True)
 class IterableExhausted:
+    """The worker's iterable dataset ended at task ``task_id`` of ``epoch``."""
+
     epoch: int
     task_id: int
     worker_id: int

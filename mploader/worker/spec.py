@@ -14,6 +14,8 @@ from mploader.worker.resume import WorkerRestore
 
 @dataclass
 class WorkerSpec:
+    """Everything a worker process needs to start, in one picklable record."""
+
     worker_id: int
     num_workers: int
     dataset: Any

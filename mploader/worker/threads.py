@@ -27,15 +27,14 @@ worker's hooks and closes it, on its own thread, when the worker exits.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mploader.polling import WakePipe
 from mploader.worker.fetch import MapFetcher
 from mploader.worker.hooks import enter_fetch_thread, leave_fetch_thread
 from mploader.worker.item_random import TaskSeed
@@ -87,6 +86,8 @@ class _Job:
 
 @dataclass(slots=True)
 class _Part:
+    """One piece of a batch's indices for a fetch thread."""
+
     job: _Job
     position: int  # the part's number in its task
     indices: Any
@@ -109,9 +110,7 @@ class FetchThreads:
         self._parts: queue.SimpleQueue[_Part | None] = queue.SimpleQueue()
         self._finished: queue.SimpleQueue[FinishedFetch] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._wake_reader, self._wake_writer = os.pipe()
-        flags = fcntl.fcntl(self._wake_reader, fcntl.F_GETFL)
-        fcntl.fcntl(self._wake_reader, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        self._wakeup = WakePipe()  # readable when a fetch has finished
         self._closed = False
         self._threads = [
             threading.Thread(target=self._run, name=f"mploader-fetch-{number}", daemon=True)
@@ -123,8 +122,8 @@ class FetchThreads:
     # -- the loop thread's side ------------------------------------------------------------------
 
     def fileno(self) -> int:
-        """Readable when a fetch has finished (for ``multiprocessing.connection.wait``)."""
-        return self._wake_reader
+        """Readable when a fetch has finished (for the loop's :class:`~mploader.polling.Poller`)."""
+        return self._wakeup.read_fd
 
     def submit(self, task: Task, fetcher: MapFetcher, seed: TaskSeed) -> None:
         """Queue ``task``'s fetch, split into parts when it is a batch that may be split."""
@@ -138,11 +137,7 @@ class FetchThreads:
 
     def take_finished(self) -> list[FinishedFetch]:
         """Every fetch finished since the last call (the wake pipe is drained)."""
-        try:
-            while os.read(self._wake_reader, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wakeup.drain()
         finished = []
         while True:
             try:
@@ -172,8 +167,7 @@ class FetchThreads:
                          "sessions are left to the server's timeout", ", ".join(stuck),
                          JOIN_SECONDS)
             return
-        for fd in (self._wake_reader, self._wake_writer):
-            os.close(fd)
+        self._wakeup.close()
 
     def _split(self, indices: Any) -> list[Any]:
         """Up to ``thread_count`` contiguous pieces of a batch's indices, in order."""
@@ -222,7 +216,7 @@ class FetchThreads:
             if job.remaining:
                 return
         self._finished.put(self._finish(job))
-        os.write(self._wake_writer, b"\0")
+        self._wakeup.wake()
 
     @staticmethod
     def _finish(job: _Job) -> FinishedFetch:

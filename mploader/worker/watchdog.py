@@ -16,10 +16,11 @@ parent disappeared.  Three signs, any one enough:
 from __future__ import annotations
 
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
+
+from mploader.polling import Poller
 
 # How often an idle worker checks its parent; also the wait timeout of the worker's read loop.
 CHECK_INTERVAL_SECONDS = 0.5
@@ -28,6 +29,8 @@ BUSY_GRACE_SECONDS = 3.0
 
 
 class ParentWatchdog:
+    """Tells a worker whether its main process is still there (see the module docstring)."""
+
     def __init__(self, main_pid: int, task_fd: int = -1, parent_is_zygote: bool = False) -> None:
         self.main_pid = main_pid
         self.initial_ppid = os.getppid()
@@ -40,11 +43,10 @@ class ParentWatchdog:
     def _task_pipe_hung_up(self) -> bool:
         if self._task_fd < 0:
             return False
-        poll = getattr(self._polls, "poll", None)
-        if poll is None:
-            poll = self._polls.poll = select.poll()
-            poll.register(self._task_fd, 0)  # POLLHUP and POLLERR are always reported
-        return bool(poll.poll(0))
+        poller = getattr(self._polls, "poller", None)
+        if poller is None:  # hang-ups and errors only: they are always reported
+            poller = self._polls.poller = Poller(self._task_fd, events=0)
+        return bool(poller.ready(0))
 
     def parent_alive(self) -> bool:
         if self._task_pipe_hung_up():

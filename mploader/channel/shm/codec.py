@@ -146,9 +146,13 @@ def _storage_span(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] |
     """
     if tensor.is_contiguous() or tensor.numel() == 0:
         return tensor, None
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(),
-                                                               strict=True))
-    return tensor.as_strided((span,), (1,)), tuple(tensor.stride())
+    strides = tuple(tensor.stride())
+    return tensor.as_strided((_span_length(tensor.shape, strides),), (1,)), strides
+
+
+def _span_length(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """How many elements of storage a non-empty view of ``shape`` and ``strides`` spans."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=True))
 
 
 def _restride(value: torch.Tensor, shape: tuple[int, ...],
@@ -367,8 +371,7 @@ class LeafDecoder(pickle.Unpickler):
             if strides is None:
                 value = _block_tensor(base, dtype_code, shape, offset)
             else:
-                span = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides,
-                                                                           strict=True))
+                span = _span_length(shape, strides)
                 flat = _block_tensor(base, dtype_code, (span,), offset)
                 value = _restride(flat, shape, strides)
         elif kind == INLINE_ARRAY:

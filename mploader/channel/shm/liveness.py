@@ -67,7 +67,7 @@ class LoaderLock:
         if fd is None or os.getpid() != self.owner_pid:
             return
         if remove:
-            _unlink_quietly(self.path)
+            unlink_path_quietly(self.path)
         with _held_lock:
             _held.discard(fd)
         os.close(fd)
@@ -100,7 +100,7 @@ class Claim:
         self._path = path
 
     def finish(self) -> None:
-        _unlink_quietly(self._path)
+        unlink_path_quietly(self._path)
         os.close(self._fd)
 
 
@@ -137,11 +137,13 @@ def _is_linked(fd: int, path: str) -> bool:
     return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_path_quietly(path: str) -> bool:
+    """Remove ``path``; ``False`` if it was already gone (someone else removed it)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
-        pass
+        return False
+    return True
 
 
 def _close_inherited_locks() -> None:

@@ -23,7 +23,12 @@ import secrets
 
 import psutil
 
-from mploader.channel.shm.liveness import LOCK_SUFFIX, Claim, claim_if_abandoned
+from mploader.channel.shm.liveness import (
+    LOCK_SUFFIX,
+    Claim,
+    claim_if_abandoned,
+    unlink_path_quietly,
+)
 from mploader.config import SHM_DIRECTORY
 
 NAME_PREFIX = "mploader-"
@@ -76,11 +81,7 @@ def list_names() -> list[str]:
 
 def unlink_quietly(name: str) -> bool:
     """Remove ``/dev/shm/<name>``; ``False`` if it was already gone (someone else unlinked it)."""
-    try:
-        os.unlink(block_path(name))
-    except FileNotFoundError:
-        return False
-    return True
+    return unlink_path_quietly(block_path(name))
 
 
 def unlink_loader_names(

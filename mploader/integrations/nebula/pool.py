@@ -34,7 +34,6 @@ import os
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +48,12 @@ from mploader.integrations.nebula.errors import (
     NebulaSessionLimitError,
     NebulaSessionLostError,
 )
-from mploader.integrations.nebula.session import NebulaSession, describe_addresses, sign_out
+from mploader.integrations.nebula.session import (
+    DroppedInForkedChild,
+    NebulaSession,
+    describe_addresses,
+    sign_out,
+)
 
 if TYPE_CHECKING:
     from nebula3.Config import Config
@@ -90,15 +94,9 @@ class _LoginRefused(MploaderError):
     """Internal: no slot was free, or graphd refused the login for its cap."""
 
 
-_live_pools: weakref.WeakSet[SessionPool] = weakref.WeakSet()
-
-
-def _forget_inherited_pools() -> None:
-    for pool in list(_live_pools):
-        pool.forget()
-
-
-os.register_at_fork(after_in_child=_forget_inherited_pools)
+_live_pools: DroppedInForkedChild[SessionPool] = DroppedInForkedChild(
+    lambda pool: pool.forget()
+)
 
 
 class SessionPool:

@@ -8,16 +8,11 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from mploader.integrations.nebula.errors import (
-    NebulaAuthError,
-    NebulaConnectionError,
-    NebulaError,
-    NebulaQueryError,
-    NebulaSessionLimitError,
-    NebulaSessionLostError,
-)
+from mploader.integrations.nebula import errors
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from nebula3.Config import Config
@@ -59,16 +54,30 @@ def _broken_connection_errors() -> tuple[type[BaseException], ...]:
     return (IOErrorException, TTransportException, OSError, EOFError)
 
 
-_live_sessions: weakref.WeakSet[NebulaSession] = weakref.WeakSet()
+class DroppedInForkedChild(Generic[T]):
+    """The live objects of one kind that a forked child must let go of without a word to
+    graphd (the parent still uses their connections): right after a fork, in the child, each
+    is handed to ``drop``."""
+
+    def __init__(self, drop: Callable[[T], None]) -> None:
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._drop = drop
+        os.register_at_fork(after_in_child=self._in_child)
+
+    def add(self, item: T) -> None:
+        self._live.add(item)
+
+    def discard(self, item: T) -> None:
+        self._live.discard(item)
+
+    def _in_child(self) -> None:
+        for item in list(self._live):
+            self._drop(item)
 
 
-def _detach_inherited_sessions() -> None:
-    """In a forked child: detach every session the parent had open (no network traffic)."""
-    for session in list(_live_sessions):
-        session.detach()
-
-
-os.register_at_fork(after_in_child=_detach_inherited_sessions)
+_live_sessions: DroppedInForkedChild[NebulaSession] = DroppedInForkedChild(
+    lambda session: session.detach()  # no network traffic
+)
 
 
 class NebulaSession:
@@ -168,20 +177,21 @@ class NebulaSession:
                 forgotten, lost = False, True
                 cause = f"{type(error).__name__}: {_message(error)}"
             if lost and not self.reconnect:
-                error_type = NebulaSessionLostError if forgotten else NebulaConnectionError
+                error_type = (errors.NebulaSessionLostError if forgotten
+                              else errors.NebulaConnectionError)
                 raise error_type(f"NebulaGraph at {self.where}: {cause}")
             if lost:
                 self._reconnect(cause)
                 try:
                     answer, code, message = send(self._session, statement)
                 except broken as error:
-                    raise NebulaConnectionError(
+                    raise errors.NebulaConnectionError(
                         f"NebulaGraph at {self.where} broke the connection again right after a "
                         f"reconnect ({type(error).__name__}: {_message(error)}); is graphd healthy?"
                     ) from error
         if code != 0:
             shown = statement if len(statement) <= 300 else statement[:300] + " ..."
-            raise NebulaQueryError(
+            raise errors.NebulaQueryError(
                 f"NebulaGraph at {self.where} rejected the statement (error {code}: "
                 f"{message}): {shown}",
                 code,
@@ -225,7 +235,7 @@ class NebulaSession:
 
     def _check_usable(self) -> None:
         if self.detached or self.pid != os.getpid():
-            raise NebulaError(
+            raise errors.NebulaError(
                 f"this NebulaSession was opened by process {self.pid} and inherited by process "
                 f"{os.getpid()}; a session cannot be shared between processes (replies would mix "
                 "and closing it would sign the parent out). Open one per process: "
@@ -233,7 +243,7 @@ class NebulaSession:
                 "ProcessLocal(hooks.open_session, close=NebulaSession.close)"
             )
         if self.closed:
-            raise NebulaError(f"this NebulaSession to {self.where} is closed")
+            raise errors.NebulaError(f"this NebulaSession to {self.where} is closed")
 
     def _connect(self) -> tuple[Any, Any]:
         from nebula3.Config import Config
@@ -246,7 +256,7 @@ class NebulaSession:
         except Exception as error:
             with contextlib.suppress(Exception):
                 pool.close()
-            raise NebulaConnectionError(
+            raise errors.NebulaConnectionError(
                 f"cannot reach NebulaGraph graphd at {self.where} ({_message(error)}). Check that "
                 "graphd is running and that the address is right (NebulaHooks(addresses=...)); "
                 "for tests, start `python -m nebula_testing.nebula_server --port 9669`"
@@ -256,17 +266,17 @@ class NebulaSession:
         except AuthFailedException as error:
             pool.close()
             if SESSION_CAP_TEXT in _message(error):
-                raise NebulaSessionLimitError(
+                raise errors.NebulaSessionLimitError(
                     f"NebulaGraph at {self.where} refused a session for its session cap: "
                     f"{_message(error)}"
                 ) from error
-            raise NebulaAuthError(
+            raise errors.NebulaAuthError(
                 f"NebulaGraph at {self.where} rejected user {self.user!r}: {_message(error)}. "
                 "Check the user name and password (NebulaHooks(user=..., password=...))"
             ) from error
         except Exception as error:
             pool.close()
-            raise NebulaConnectionError(
+            raise errors.NebulaConnectionError(
                 f"could not open a session on NebulaGraph at {self.where} as {self.user!r}: "
                 f"{type(error).__name__}: {_message(error)}"
             ) from error
@@ -277,7 +287,7 @@ class NebulaSession:
                 with contextlib.suppress(Exception):
                     session.release()
                 pool.close()
-                raise NebulaQueryError(
+                raise errors.NebulaQueryError(
                     f"cannot use space {self.space!r} on NebulaGraph at {self.where}: {message}. "
                     "Create the space or fix NebulaHooks(space=...)",
                     result.error_code(),
@@ -292,8 +302,8 @@ class NebulaSession:
         detach_raw_session(old_session, old_pool)  # its socket is broken or its session is gone
         try:
             self._pool, self._session = self._connect()
-        except NebulaError as error:
-            raise NebulaConnectionError(
+        except errors.NebulaError as error:
+            raise errors.NebulaConnectionError(
                 f"lost the session on NebulaGraph at {self.where} ({cause}) and could not "
                 f"reconnect: {error}"
             ) from error
