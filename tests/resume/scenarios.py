@@ -9,6 +9,7 @@ draws its worker made.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import signal
@@ -228,7 +229,9 @@ def first_half(make: Callable[[], mploader.DataLoader], split: Split) -> list[li
         seen.append([plain(batch) for batch in iterator])
     else:
         seen.append([plain(next(iterator)) for _ in range(split.batches)])
-    split.state = loader.state_dict()
+    # Every state a resume test makes goes through JSON (a checkpoint in JSON or YAML, a
+    # trainer's metadata) on its way to the second half.
+    split.state = json.loads(json.dumps(loader.state_dict()))
     del iterator
     close(loader)
     return seen
