@@ -6,8 +6,9 @@
 The workloads, their sizes, the checking of every batch and the clock are those of
 ``benchmarks/versus.py`` (fork, non-persistent workers, warm-up batches untimed); instead of torch
 against mploader it runs ``mploader.DataLoader(snapshot_every_n_steps=None)`` (tracking off, A)
-and ``mploader.DataLoader()`` (tracking on, B) alternately, A B A B, and reports the medians and
-how much slower tracking makes a batch (the plan's target: under 5%).  ``--split`` adds a third
+``mploader.DataLoader()`` (tracking on, B) and ``snapshot_every_n_steps=16`` (C) alternately,
+A B C A B C, and reports the medians and how much slower tracking makes a batch (the plan's
+target: under 5%).  ``--split`` adds a third
 side, tracking on with the workers' per-batch generator check patched out (fork workers inherit
 the patch), to tell the workers' share of the cost from the main process's.  Not part of the test
 suite.
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     import mploader
 
     sides = [("off", functools.partial(mploader.DataLoader, snapshot_every_n_steps=None)),
-             ("on", mploader.DataLoader)]
+             ("on", mploader.DataLoader),
+             ("on, every 16", functools.partial(mploader.DataLoader, snapshot_every_n_steps=16))]
     if args.split:
         sides.append(("on, no worker check", mploader.DataLoader))
     rows = []
@@ -63,18 +65,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {workload.name:11s} rep {repetition + 1:2d} tracking {side:19s} "
                       f"{figure:8.3f} ms/batch", flush=True)
         off, on = statistics.median(figures["off"]), statistics.median(figures["on"])
+        every = statistics.median(figures["on, every 16"])
         unchecked = statistics.median(figures.get("on, no worker check") or [float("nan")])
-        rows.append((workload.name, off, on, (on / off - 1) * 100, unchecked))
+        rows.append((workload.name, off, on, (on / off - 1) * 100, every,
+                     (every / off - 1) * 100, unchecked))
         del dataset
         workload.cleanup()
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print()
     extra = " tracking on, no worker check |" if args.split else ""
-    print("| workload | tracking off | tracking on | slower by | target |" + extra)
-    print("| --- | --- | --- | --- | --- |" + (" --- |" if args.split else ""))
-    for name, off, on, slower, unchecked in rows:
+    print("| workload | tracking off | tracking on | slower by | every 16 | slower by | target |"
+          + extra)
+    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if args.split else ""))
+    for name, off, on, slower, every, every_slower, unchecked in rows:
         cell = f" {unchecked:.3f} ms |" if args.split else ""
-        print(f"| {name} | {off:.3f} ms | {on:.3f} ms | {slower:+.1f}% | < 5% |" + cell)
+        print(f"| {name} | {off:.3f} ms | {on:.3f} ms | {slower:+.1f}% | {every:.3f} ms | "
+              f"{every_slower:+.1f}% | < 5% |" + cell)
     return 0
 
 

@@ -65,9 +65,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     * ``max_worker_restarts``: replace a crashed worker up to this many times.
     * ``trace``: a path; write a Chrome/Perfetto JSON trace of every batch's lifecycle, every
       epoch of the loader's life in the one file (``python -m mploader trace-summary`` reads it).
-    * ``snapshot_every_n_steps``: torchdata's name; any ``n >= 1`` tracks the resume state of every
-      batch (workers send only what changed, so every step is exact); ``None`` turns tracking
-      off, and with it ``state_dict()``.
+    * ``snapshot_every_n_steps``: torchdata's name and meaning.  ``1`` (default): the workers
+      send their resume state with every batch (only what changed).  ``n > 1``: only with the
+      batches before every n-th, and ``state_dict()`` describes the last such snapshot plus the
+      batches since, which a resumed loader makes again and drops (exact either way).  ``0``: no
+      snapshot after the epoch's start.  ``None`` turns tracking off, and ``state_dict()``.
 
     ``state_dict()`` / ``load_state_dict(state)``: mid-epoch resume (see :meth:`state_dict`).
     * ``worker_threads``: each worker process runs up to this many fetches at once on its own
@@ -220,7 +222,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._iterator: Any = None
         self._latest_stats = LatestStats()  # what stats() answers from
         self.resume_tracker = (_make_resume_tracker(self, self._latest_stats)
-                               if snapshot_every_n_steps else None)
+                               if snapshot_every_n_steps is not None else None)
         self.check_worker_number_rationality()
         _warm_up_zygote(num_workers, self.multiprocessing_context)
 

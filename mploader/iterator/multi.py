@@ -121,6 +121,24 @@ class MultiProcessIterator(BaseIterator):
             raise
         self._monitor.workers_started(self._group.worker_pids(), launched_at)
         publisher.register(self)  # for `python -m mploader top`, until shutdown
+        if self._resume_plan is not None and self._resume_plan.replay:
+            self._replay(self._resume_plan.replay)
+
+    def _replay(self, count: int) -> None:
+        """A state taken ``count`` batches after its snapshot (``snapshot_every_n_steps > 1``):
+        the workers, restored at the snapshot, make those batches again; they are dropped, as
+        the consumer already had them."""
+        for done in range(count):
+            try:
+                self._next_batch()
+            except _TaskError:
+                continue  # it failed the first time too: the consumer had the error
+            except StopIteration:
+                raise ValueError(
+                    f"load_state_dict: the state was taken {count} batches after its snapshot, "
+                    f"but this loader's epoch ends after {done}; the dataset or sampler differs"
+                ) from None
+            self._table.batches_yielded += 1
 
     def _spec_template(self) -> WorkerSpec:
         """The spec every worker shares; the group fills in the worker id and the epoch."""
@@ -203,8 +221,14 @@ class MultiProcessIterator(BaseIterator):
         # finds none free and makes a new one (for a 600 MB batch, half a second of fresh pages).
         self._group.send_releases(self._channel.take_releases())
         task_id = self._table.add(worker_id, indices)
-        self._group.send(worker_id, Task(self._table.iterator_epoch, task_id, indices))
+        self._group.send(worker_id, self._task(task_id, indices))
         self._monitor.dispatched(task_id, started)
+
+    def _task(self, task_id: int, indices: Any) -> Task:
+        """Task ``task_id`` of this epoch; its worker sends its resume state with the result
+        when the tracker needs it (``snapshot_every_n_steps``)."""
+        record = self._tracker is not None and self._tracker.records(task_id)
+        return Task(self._table.iterator_epoch, task_id, indices, record)
 
     def _choose_worker(self) -> int | None:
         exhausted = self._table.exhausted
@@ -280,7 +304,7 @@ class MultiProcessIterator(BaseIterator):
         # Persistent workers live on: write the trace now.  Otherwise shutdown writes it next.
         self._monitor.epoch_ended(write_trace=self._persistent_workers)
         if self._tracker is not None:
-            self._tracker.epoch_ended()
+            self._tracker.epoch_ended(self._table)
         if not self._persistent_workers:
             self._shutdown_workers()
         raise StopIteration
@@ -387,8 +411,7 @@ class MultiProcessIterator(BaseIterator):
         handle = self._group.restart(worker_id, self._table.iterator_epoch, restore)
         self._monitor.worker_replaced(worker_id, handle.pid)
         for entry in held:
-            self._group.send(worker_id, Task(self._table.iterator_epoch, entry.task_id,
-                                             entry.indices))
+            self._group.send(worker_id, self._task(entry.task_id, entry.indices))
 
     def stats(self) -> LoaderStats:
         """A frozen snapshot of the workers and the loader (see ``mploader.LoaderStats``).
@@ -442,7 +465,8 @@ class MultiProcessIterator(BaseIterator):
         message = arrived.message
         self._table.delivered(entry.task_id, message.worker_id)
         if self._tracker is not None:
-            self._tracker.delivered_task(message.worker_id, arrived.snapshot)
+            self._tracker.delivered_task(self._table, entry.task_id, message.worker_id,
+                                         arrived.snapshot)
         if message.error is not None:
             raise _TaskError(message.error.rebuild())
         if arrived.pinned is not None:

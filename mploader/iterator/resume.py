@@ -65,7 +65,7 @@ from mploader.worker.resume import (
 class EpochStart:
     """The generators an epoch draws from, as they were when it began."""
 
-    generators: list[torch.Tensor]
+    generators: list[str]
     global_rng: rng.RngState
 
     @staticmethod
@@ -74,12 +74,31 @@ class EpochStart:
 
 
 @dataclass
+class Snapshot:
+    """The position as of one moment of an epoch, kept whole so that ``state_dict()`` can
+    describe it later (``snapshot_every_n_steps != 1``): what was delivered, the sampler's state
+    then, and each worker's snapshot as of its last delivered batch."""
+
+    batches_yielded: int
+    resume_at: int
+    delivered_after: frozenset[int]
+    next_worker: int
+    deliveries: int
+    sampler_state: Any
+    workers: list[WorkerSnapshot | None]
+    workers_in_epoch: list[bool]
+
+
+@dataclass
 class ResumePlan:
     """A loaded state, turned into what the next ``iter()`` must do."""
 
     epoch: int
-    generators: list[torch.Tensor]
-    replay_rng: rng.RngState | None  # the global generators during iter(); None: the caller's
+    iterator_epoch: int  # the epoch's number within its iterator (tasks carry it)
+    in_epoch: bool  # False: the state was taken between epochs (or before the first)
+    generators: list[str]  # put in place for iter()'s draws
+    global_rng: rng.RngState  # likewise
+    rng_at_state: rng.RngState | None  # within an epoch: the global ones at state_dict()
     draws_base_seed: bool  # this epoch's iterator drew a base seed (replay the draw)
     base_seed: int | None  # the seed to use; None: the one drawn
     batches_yielded: int = 0
@@ -87,8 +106,9 @@ class ResumePlan:
     delivered_after: list[int] = field(default_factory=list)
     sampler_state: Any = None
     next_worker: int = 0
+    replay: int = 0  # batches delivered after the snapshot: fetched again and dropped
     workers: list[tuple[WorkerSnapshot | None, bool]] = field(default_factory=list)
-    iterator_epoch: int = 0  # the epoch's number within its iterator (tasks carry it)
+    main: tuple[WorkerSnapshot | None, bool] = (None, False)  # num_workers=0: the main process
 
     def position(self) -> Position:
         """Where the resumed epoch's task table starts."""
@@ -96,41 +116,53 @@ class ResumePlan:
                         self.next_worker)
 
     def restores(self) -> list[WorkerRestore | None]:
-        """Each worker's starting state: its generators and, within the epoch, its position."""
-        return [
-            None if snapshot is None
-            else WorkerRestore(snapshot.rng, snapshot if in_epoch else None)
-            for snapshot, in_epoch in self.workers
-        ]
+        """Each worker's starting state: its generators and, within the epoch, its position;
+        between epochs, its dataset's carried state."""
+        return [_restore_of(snapshot, in_epoch) for snapshot, in_epoch in self.workers]
+
+    def main_restore(self) -> WorkerRestore | None:
+        """``num_workers=0``, within the epoch: the main process's dataset where it was (its
+        global generators are the window's: ``ResumeTracker.epoch_window``)."""
+        snapshot, in_epoch = self.main
+        return _restore_of(snapshot, in_epoch) if in_epoch else None
 
     @staticmethod
-    def from_position(position: dict[str, Any], persistent: bool) -> ResumePlan:
+    def from_position(position: dict[str, Any]) -> ResumePlan:
         workers = [snapshot_from_plain(entry) for entry in position["workers"]]
-        if position["finished"]:  # the epoch ended: the next iter() begins the next one
-            return ResumePlan(
-                epoch=position["epoch"] + 1,
-                generators=position["generators_at_end"],
-                replay_rng=None,
-                draws_base_seed=not persistent,  # a persistent iterator keeps its seed
-                base_seed=position["base_seed"] if persistent else None,
-                # persistent workers carry their generators over epochs; new ones start afresh
-                workers=[(snapshot, False) for snapshot, _ in workers] if persistent else [],
-                iterator_epoch=position.get("iterator_epoch", 0) + 1 if persistent else 0,
-            )
-        return ResumePlan(
-            epoch=position["epoch"],
-            generators=position["generators_at_start"],
-            replay_rng=rng.RngState.from_plain(position["rng_at_start"]),
-            draws_base_seed=position["base_seed_drawn"],
+        main = (snapshot_from_plain(position["main"]) if position["main"] is not None
+                else (None, False))
+        plan = ResumePlan(
+            epoch=int(position["epoch"]),
+            iterator_epoch=int(position["iterator_epoch"]),
+            in_epoch=position["phase"] == IN_EPOCH,
+            generators=list(position["generators"]),
+            global_rng=rng.RngState.from_plain(position["global_rng"]),
+            rng_at_state=(None if position.get("global_rng_at_state") is None
+                          else rng.RngState.from_plain(position["global_rng_at_state"])),
+            draws_base_seed=bool(position["base_seed_drawn"]),
             base_seed=position["base_seed"],
-            batches_yielded=position["batches_yielded"],
-            resume_at=position["resume_at"],
-            delivered_after=list(position["delivered_after"]),
-            sampler_state=position["sampler_state"],
-            next_worker=position["next_worker"],
             workers=workers,
-            iterator_epoch=position.get("iterator_epoch", 0),
+            main=main,
         )
+        if plan.in_epoch:
+            plan.batches_yielded = int(position["batches_yielded"])
+            plan.resume_at = int(position["resume_at"])
+            plan.delivered_after = list(position["delivered_after"])
+            plan.sampler_state = position["sampler_state"]
+            plan.next_worker = int(position["next_worker"])
+            plan.replay = int(position["replay"])
+        return plan
+
+
+def _restore_of(snapshot: WorkerSnapshot | None, in_epoch: bool) -> WorkerRestore | None:
+    if snapshot is None:
+        return None
+    if in_epoch:
+        return WorkerRestore(snapshot.rng, snapshot)
+    return WorkerRestore(snapshot.rng, None, snapshot.dataset_state)
+
+
+IN_EPOCH, BETWEEN_EPOCHS = "in_epoch", "between_epochs"
 
 
 class ResumeTracker:
@@ -145,7 +177,7 @@ class ResumeTracker:
             loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
         )
         self.sampler_owner = None if self.is_iterable else _stateful_owner(self.index_sampler)
-        self.dataset_has_state = self.is_iterable and has_state_methods(loader.dataset)
+        self.dataset_has_state = has_state_methods(loader.dataset)
         self.configure(loader)
         self.latest = latest  # the loader's epoch count
         self._pending: ResumePlan | None = None  # loaded, for the next iter()
@@ -159,84 +191,85 @@ class ResumeTracker:
         self.base_seed = 0
         self.base_seed_drawn = True
         self.epoch_start: EpochStart | None = None
-        self.generators_at_end: list[torch.Tensor] | None = None
         self.sampler_states: deque[tuple[int, Any]] = deque()  # (task id, state after its draw)
         self.iterator_has_state: bool | None = None
         self.watches_draws = False  # draws need drawn(): a stateful sampler, or ids to skip
         # Per worker, its snapshot as of its last delivered batch, whether that batch is of this
-        # epoch, and its snapshot as of its last arrived result.
+        # epoch, whether that batch carried a snapshot, and its snapshot as of its last arrived
+        # result.
         self.delivered: list[WorkerSnapshot | None] = [None] * self.slots
         self.delivered_in_epoch = [False] * self.slots
+        self.fresh = [True] * self.slots
         self.arrived: list[WorkerSnapshot | None] = [None] * self.slots
+        self.snapshot: Snapshot | None = None  # the last one kept (interval != 1)
+        self.epoch_tasks: int | None = None  # tasks in a map-style epoch, when the sampler says
         self.local_fetcher: IterableFetcher | None = None  # num_workers=0: the live fetcher
 
     def configure(self, loader: Any) -> None:
         """Read what torch lets a user assign after construction (``num_workers``,
         ``generator``, ``in_order``, ...) as it is now."""
         self.slots = max(1, loader.num_workers)  # workers, or the main process
+        self.inline = loader.num_workers == 0
         self.generators = _sampler_generators(loader)
         self.arguments = loader_arguments(loader)
+        every = loader.snapshot_every_n_steps
+        # Snapshots every `every` deliveries (0: only where an epoch starts), replayed from on
+        # resume.  Every batch's state is kept where a replay could not be exact: batches that
+        # come as they arrive, and restarted workers (which start from their last result).
+        exact_every_step = not loader.in_order or loader.max_worker_restarts > 0
+        self.interval = 1 if every == 1 or exact_every_step else every
 
     # -- the loader's side: making and loading states -------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
+        if self._pending is not None:
+            position = copy.deepcopy(self._pending_position)
+        elif self.table is None or self.finished:
+            position = self._between_epochs()
+        else:
+            position = self._in_epoch(self.table)
+        state = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "arguments": dict(self.arguments),
-            "position": None,
+            "position": position,
         }
-        table = self.table
-        if self._pending is not None or table is None:
-            state["position"] = self._pending_position
-            return state
-        assert self.epoch_start is not None
-        state["position"] = {
-            "epoch": self.latest.loader_epoch,
-            "iterator_epoch": table.iterator_epoch,
-            "finished": self.finished,
-            "batches_yielded": table.batches_yielded,
-            "base_seed": self.base_seed,
-            "base_seed_drawn": self.base_seed_drawn,
-            "generators_at_start": self.epoch_start.generators,
-            "rng_at_start": self.epoch_start.global_rng.to_plain(),
-            "generators_at_end": self.generators_at_end,
-            "resume_at": table.delivered_through,
-            "delivered_after": sorted(table.delivered_after),
-            "sampler_state": self._sampler_state_at_resume(table.delivered_through),
-            "next_worker": table.next_worker % self.slots,
-            "workers": self._worker_entries(),
-        }
-        state = copy.deepcopy(state)
         check_plain(state)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_loadable(state, self.arguments)
         position = state["position"]
+        plan = ResumePlan.from_position(position)
+        if len(plan.generators) != len(self.generators):
+            raise ValueError(
+                f"load_state_dict: the state's sampler drew from {len(plan.generators)} "
+                f"torch.Generator(s), this loader's from {len(self.generators)}; build the "
+                "loader with the same generator and sampler"
+            )
         self._pending_position = copy.deepcopy(position)
-        self._pending = None
-        if position is not None:
-            self._pending = ResumePlan.from_position(self._pending_position, self.persistent)
-            if len(self._pending.generators) != len(self.generators):
-                raise ValueError(
-                    f"load_state_dict: the state's sampler drew from "
-                    f"{len(self._pending.generators)} torch.Generator(s), this loader's from "
-                    f"{len(self.generators)}; build the loader with the same generator and sampler"
-                )
+        self._pending = plan
+        self.table = None  # a live iterator's position is no longer the loader's
 
     @contextlib.contextmanager
     def epoch_window(self, loader: Any) -> Iterator[None]:
-        """Around ``iter(loader)``: put a loaded state's generators in place (the caller's global
-        ones are given back at the end), or note where this epoch's generators start."""
+        """Around ``iter(loader)``: put a loaded state's generators in place, or note where this
+        epoch's generators start.
+
+        The main process's global generators end where the uninterrupted run had them: a state
+        taken within an epoch sets them as they were at ``state_dict()`` once ``iter()`` has
+        replayed the epoch's start; one taken between epochs lets the new epoch's draws move
+        them on from there.  (A training checkpoint that restores them itself gets the same.)"""
         self.configure(loader)
         plan, self._pending = self._pending, None
         caller_rng = None
         if plan is not None:
+            carried = plan.main[0]
+            if not plan.in_epoch and carried is not None and carried.dataset_state is not None:
+                self.dataset.load_state_dict(carried.dataset_state)  # before the new epoch
             set_generator_states(self.generators, plan.generators)
-            if plan.replay_rng is not None:
-                caller_rng = rng.capture()
-                rng.restore(plan.replay_rng)
+            caller_rng = rng.capture()  # given back only if iter() fails
+            rng.restore(plan.global_rng)
         self._window_plan = plan
         self._window_start = EpochStart.capture(self.generators)
         try:
@@ -244,19 +277,36 @@ class ResumeTracker:
         except BaseException:
             if self._window_plan is not None:  # not consumed: keep it for the next iter()
                 self._pending = plan
+            if caller_rng is not None:
+                rng.restore(caller_rng)
             raise
+        else:
+            if plan is not None and plan.rng_at_state is not None:
+                rng.restore(plan.rng_at_state)
         finally:
             self._window_plan = None
             self._window_start = None
-            if caller_rng is not None:
-                rng.restore(caller_rng)
 
     # -- the iterator's side ---------------------------------------------------------------------
 
     def take_plan(self) -> ResumePlan | None:
-        """A new iterator begins: the loaded state's plan when its epoch resumes one."""
+        """A new iterator begins: the loaded state's plan, if there is one."""
         plan, self._window_plan = self._window_plan, None
         return plan
+
+    def records(self, task_id: int) -> bool:
+        """Whether the worker sends its snapshot with task ``task_id``'s result: always, with
+        an interval of 1; else for the tasks that may be a worker's last before a snapshot (the
+        ``slots`` before each multiple of the interval) or before a persistent epoch ends."""
+        interval = self.interval
+        if interval == 1:
+            return True
+        window = self.slots
+        if interval > 1 and task_id % interval >= interval - window:
+            return True
+        if self.persistent and not self.is_iterable:  # the state between epochs needs them
+            return self.epoch_tasks is None or task_id >= self.epoch_tasks - window
+        return False
 
     def begin_epoch(self, table: TaskTable, plan: ResumePlan | None, new_workers: bool) -> None:
         """An epoch begins, in a new iterator (``new_workers``) or a persistent one's reset,
@@ -266,13 +316,14 @@ class ResumeTracker:
         self.epoch_start = self._window_start or EpochStart.capture(self.generators)
         self._window_start = None
         self.finished = False
-        self.generators_at_end = None
         self.sampler_states.clear()
-        if plan is not None and plan.sampler_state is not None:
+        in_epoch = plan is not None and plan.in_epoch
+        if in_epoch and plan is not None and plan.sampler_state is not None:
             self.sampler_states.append((plan.resume_at - 1, plan.sampler_state))
         self.iterator_has_state = None
         self.watches_draws = not self.is_iterable  # until the first draw shows otherwise
         self.local_fetcher = None
+        self.epoch_tasks = None if self.is_iterable else _length(self.index_sampler)
         if new_workers:
             workers = plan.workers if plan is not None and plan.workers else []
             workers = workers or [(None, False)] * self.slots
@@ -281,6 +332,11 @@ class ResumeTracker:
             self.delivered_in_epoch = [in_epoch for _, in_epoch in workers]
         else:
             self.delivered_in_epoch = [False] * self.slots
+        self.fresh = [True] * self.slots
+        self.snapshot = None
+        if self.interval != 1:  # where the epoch starts is its first snapshot
+            self.snapshot = self._snapshot_now(table, plan.sampler_state
+                                               if in_epoch and plan is not None else None)
 
     def base_seed_for(self, plan: ResumePlan | None, generator: torch.Generator | None) -> int:
         """A new iterator's base seed: drawn as torch draws it, or the resumed epoch's (whose
@@ -319,15 +375,21 @@ class ResumeTracker:
         return sampler_iter
 
     def drawn(self, task_id: int, sampler_iter: Any) -> bool:
-        """The sampler gave task ``task_id``'s indices: keep its state when it has one.  True
-        when a resumed ``in_order=False`` epoch delivered this task before the state was taken
-        (the caller draws it and does not dispatch it).  Needed only while ``watches_draws``."""
+        """The sampler gave task ``task_id``'s indices: keep its state when it has one (and a
+        snapshot may need it).  True when a resumed ``in_order=False`` epoch delivered this task
+        before the state was taken (the caller draws it and does not dispatch it).  Needed only
+        while ``watches_draws``."""
         if self.iterator_has_state is None:
             self.iterator_has_state = has_state_methods(sampler_iter)
+        keeps = self.interval == 1 or self.inline or (
+            self.interval > 1 and (task_id + 1) % self.interval == 0)
         if self.sampler_owner is not None:
-            self.sampler_states.append((task_id, copy.deepcopy(self.sampler_owner.state_dict())))
+            if keeps:
+                self.sampler_states.append(
+                    (task_id, copy.deepcopy(self.sampler_owner.state_dict())))
         elif self.iterator_has_state:
-            self.sampler_states.append((task_id, copy.deepcopy(sampler_iter.state_dict())))
+            if keeps:
+                self.sampler_states.append((task_id, copy.deepcopy(sampler_iter.state_dict())))
         elif not (self.table is not None and self.table.delivered_after):
             self.watches_draws = False  # nothing to keep, nothing to skip: stop being called
         return self.table is not None and self.table.was_delivered(task_id)
@@ -340,24 +402,34 @@ class ResumeTracker:
         self.arrived[worker_id] = full
         return full
 
-    def delivered_task(self, worker_id: int | None, snapshot: WorkerSnapshot | None) -> None:
-        """The consumer received a batch (or its error) of ``worker_id`` (None: the main
-        process), whose state after it was ``snapshot``; the table has recorded the delivery.
-        (Every batch's hot path: the common case, with no sampler state, is a few stores.)"""
+    def delivered_task(self, table: TaskTable, task_id: int, worker_id: int | None,
+                       snapshot: WorkerSnapshot | None) -> None:
+        """The consumer received task ``task_id``'s batch (or its error) of ``worker_id``
+        (None: the main process), whose state after it was ``snapshot``; ``table`` has recorded
+        the delivery.  A table the loader no longer follows (a state was loaded since) is
+        ignored.  (Every batch's hot path: the common case is a few stores.)"""
+        if table is not self.table:
+            return
         if worker_id is not None:
             if snapshot is not None:
                 self.delivered[worker_id] = snapshot
             self.delivered_in_epoch[worker_id] = True
-        if self.sampler_states and self.table is not None:
-            resume_at = self.table.delivered_through
-            while self.sampler_states and self.sampler_states[0][0] < resume_at - 1:
+            if self.interval != 1:
+                self.fresh[worker_id] = self.records(task_id)
+                self._maybe_snapshot(table)
+        if self.sampler_states:
+            keep_from = table.delivered_through - 1
+            if self.snapshot is not None:
+                keep_from = min(keep_from, self.snapshot.resume_at - 1)
+            while self.sampler_states and self.sampler_states[0][0] < keep_from:
                 self.sampler_states.popleft()
 
-    def epoch_ended(self) -> None:
-        """The consumer got this epoch's ``StopIteration``."""
+    def epoch_ended(self, table: TaskTable) -> None:
+        """The consumer got the ``StopIteration`` of the epoch ``table`` records."""
+        if table is not self.table:
+            return
         self.finished = True
         self.local_fetcher = None
-        self.generators_at_end = generator_states(self.generators)
         exhausted = self.table.exhausted if self.table is not None else {}
         for worker_id, snapshot in exhausted.items():
             if snapshot is not None:
@@ -375,23 +447,99 @@ class ResumeTracker:
         """``num_workers=0``: the position of an iterable dataset is the live fetcher's."""
         self.local_fetcher = fetcher if isinstance(fetcher, IterableFetcher) else None
 
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def _maybe_snapshot(self, table: TaskTable) -> None:
+        """Keep the position now if ``interval`` deliveries passed since the last snapshot and
+        every worker's last delivered batch carried its state."""
+        last = self.snapshot
+        assert last is not None
+        if self.interval <= 0 or table.deliveries - last.deliveries < self.interval:
+            return
+        if all(self.fresh):
+            self.snapshot = self._snapshot_now(
+                table, self._sampler_state_at_resume(table.delivered_through))
+
+    def _snapshot_now(self, table: TaskTable, sampler_state: Any) -> Snapshot:
+        return Snapshot(
+            batches_yielded=table.batches_yielded,
+            resume_at=table.delivered_through,
+            delivered_after=frozenset(table.delivered_after),
+            next_worker=table.next_worker % self.slots,
+            deliveries=table.deliveries,
+            sampler_state=sampler_state,
+            workers=list(self.delivered),
+            workers_in_epoch=list(self.delivered_in_epoch),
+        )
+
     # -- pieces of the state ---------------------------------------------------------------------
+
+    def _between_epochs(self) -> dict[str, Any]:
+        """The position before the next ``iter()``: no epoch under way (none began yet, or the
+        last one ended).  The generators as they are now, which the next epoch draws from."""
+        started = self.table is not None
+        persistent = started and self.persistent and not self.inline
+        table = self.table
+        return {
+            "phase": BETWEEN_EPOCHS,
+            "epoch": self.latest.loader_epoch + 1,
+            "iterator_epoch": table.iterator_epoch + 1 if persistent and table else 0,
+            "generators": generator_states(self.generators),
+            "global_rng": rng.capture().to_plain(),
+            "base_seed": self.base_seed if persistent else None,
+            "base_seed_drawn": not persistent,
+            "workers": [snapshot_to_plain(snapshot, False) for snapshot in self.delivered]
+            if persistent else [],
+            "main": self._main_entry(in_epoch=False) if self.inline else None,
+        }
+
+    def _in_epoch(self, table: TaskTable) -> dict[str, Any]:
+        assert self.epoch_start is not None
+        if self.interval == 1 or self.inline:  # the live position is the snapshot
+            snapshot = self._snapshot_now(table, self._sampler_state_at_resume(
+                table.delivered_through))
+        else:
+            assert self.snapshot is not None
+            snapshot = self.snapshot
+        return {
+            "phase": IN_EPOCH,
+            "epoch": self.latest.loader_epoch,
+            "iterator_epoch": table.iterator_epoch,
+            "generators": self.epoch_start.generators,
+            "global_rng": self.epoch_start.global_rng.to_plain(),
+            "global_rng_at_state": rng.capture().to_plain(),
+            "base_seed": self.base_seed,
+            "base_seed_drawn": self.base_seed_drawn,
+            "batches_yielded": snapshot.batches_yielded,
+            "resume_at": snapshot.resume_at,
+            "delivered_after": sorted(snapshot.delivered_after),
+            "sampler_state": copy.deepcopy(snapshot.sampler_state),
+            "next_worker": snapshot.next_worker,
+            "replay": table.deliveries - snapshot.deliveries,
+            "workers": [] if self.inline else [
+                snapshot_to_plain(worker, in_epoch)
+                for worker, in_epoch in zip(snapshot.workers, snapshot.workers_in_epoch,
+                                            strict=True)
+            ],
+            "main": self._main_entry(in_epoch=True) if self.inline else None,
+        }
+
+    def _main_entry(self, in_epoch: bool) -> dict[str, Any]:
+        """``num_workers=0``: the main process's dataset as it is now (its own state and, within
+        the epoch, an iterable's position; the global generators are the position's)."""
+        if in_epoch and self.local_fetcher is not None:
+            snapshot = iterable_snapshot(self.dataset, self.local_fetcher, None,
+                                         self.dataset_has_state)
+        else:
+            snapshot = WorkerSnapshot(
+                None, self.dataset.state_dict() if self.dataset_has_state else None)
+        return copy.deepcopy(snapshot_to_plain(snapshot, in_epoch))
 
     def _sampler_state_at_resume(self, resume_at: int) -> Any:
         for task_id, state in self.sampler_states:
             if task_id == resume_at - 1:
                 return state
         return None
-
-    def _worker_entries(self) -> list[dict[str, Any]]:
-        if self.local_fetcher is not None:
-            snapshot = iterable_snapshot(self.dataset, self.local_fetcher, None,
-                                         self.dataset_has_state)
-            return [snapshot_to_plain(snapshot, with_position=True)]
-        return [
-            snapshot_to_plain(snapshot, with_position=in_epoch and not self.finished)
-            for snapshot, in_epoch in zip(self.delivered, self.delivered_in_epoch, strict=True)
-        ]
 
 
 def _sampler_generators(loader: Any) -> list[torch.Generator]:
@@ -420,3 +568,10 @@ def _stateful_owner(index_sampler: Any) -> Any:
         if has_state_methods(inner):
             return inner
     return None
+
+
+def _length(sampler: Any) -> int | None:
+    try:
+        return len(sampler)
+    except TypeError:
+        return None

@@ -1,12 +1,14 @@
 """The format of ``DataLoader.state_dict()``: its version, the loader arguments it must match, and
 the conversion of worker snapshots to and from plain values.
 
-A state is a dict of Python scalars, strings, lists, dicts and tensors (no numpy objects, no
-arbitrary objects), so it pickles, ``torch.save``\\ s and ``torch.load(weights_only=True)``\\ s::
+A state is a dict of Python scalars, strings, lists and dicts (no tensors, no numpy objects, no
+arbitrary objects) except for what a dataset's or sampler's own ``state_dict()`` puts in it, so
+it goes through ``json.dumps`` as well as pickle, ``torch.save`` and
+``torch.load(weights_only=True)``; generator states are base64 strings::
 
-    {"format": "mploader.DataLoader", "version": 1,
+    {"format": "mploader.DataLoader", "version": 2,
      "arguments": {...},      # what a loader that loads it must have been built with
-     "position": None | {...}} # None: taken before the first iter()
+     "position": {...}}       # see mploader.iterator.resume: in an epoch, or between two
 
 ``load_state_dict`` refuses a state of another format or version, and one whose arguments differ
 from the loader's, naming every difference.
@@ -14,6 +16,7 @@ from the loader's, naming every difference.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import torch
@@ -23,7 +26,7 @@ from mploader.worker.resume import WorkerSnapshot
 from mploader.worker.rng import RngState
 
 STATE_FORMAT = "mploader.DataLoader"
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -104,39 +107,57 @@ def check_plain(value: Any, where: str = "state") -> None:
     )
 
 
-def snapshot_to_plain(snapshot: WorkerSnapshot | None, with_position: bool) -> dict[str, Any]:
-    """One worker's entry of a state: its generators and, within the epoch, its position."""
+def snapshot_to_plain(snapshot: WorkerSnapshot | None, in_epoch: bool) -> dict[str, Any]:
+    """One worker's entry of a state (or the main process's, with ``num_workers=0``): its
+    generators, its dataset's own state and, within the epoch, its iterable position.  Between
+    epochs only the generators and the dataset's state count (what persistent workers, or the
+    main process's dataset, carry into the next epoch)."""
     if snapshot is None:
-        return {"rng": None, "position": None}
-    position = None
-    if with_position and snapshot.has_position:
-        position = {
+        return {"rng": None, "dataset_state": None, "in_epoch": False, "iterable": None}
+    iterable = None
+    if in_epoch and snapshot.items is not None:
+        iterable = {
             "items": snapshot.items,
             "ended": snapshot.ended,
-            "dataset_state": snapshot.dataset_state,
             "iterator_state": snapshot.iterator_state,
+            "self_iterator": snapshot.self_iterator,
         }
-    return {"rng": None if snapshot.rng is None else snapshot.rng.to_plain(), "position": position}
+    return {
+        "rng": None if snapshot.rng is None else snapshot.rng.to_plain(),
+        "dataset_state": snapshot.dataset_state,
+        "in_epoch": in_epoch,
+        "iterable": iterable,
+    }
 
 
 def snapshot_from_plain(entry: dict[str, Any]) -> tuple[WorkerSnapshot | None, bool]:
-    """The worker snapshot of a state's entry, and whether it holds a position in the epoch."""
+    """The snapshot of a state's entry, and whether it holds a position in the epoch."""
     state = None if entry["rng"] is None else RngState.from_plain(entry["rng"])
-    position = entry["position"]
-    if position is None:
-        return (None if state is None else WorkerSnapshot(state)), False
-    snapshot = WorkerSnapshot(state, int(position["items"]), bool(position["ended"]),
-                              position["dataset_state"], position["iterator_state"])
-    return snapshot, True
+    iterable = entry["iterable"]
+    if state is None and entry["dataset_state"] is None and iterable is None:
+        return None, False
+    snapshot = WorkerSnapshot(state, entry["dataset_state"])
+    if iterable is not None:
+        snapshot.items = int(iterable["items"])
+        snapshot.ended = bool(iterable["ended"])
+        snapshot.iterator_state = iterable["iterator_state"]
+        snapshot.self_iterator = bool(iterable["self_iterator"])
+    return snapshot, bool(entry["in_epoch"])
 
 
-def generator_states(generators: list[torch.Generator]) -> list[torch.Tensor]:
-    return [generator.get_state() for generator in generators]
+def generator_states(generators: list[torch.Generator]) -> list[str]:
+    """The states of torch generators, as base64 strings (JSON-safe)."""
+    return [base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+            for generator in generators]
 
 
-def set_generator_states(generators: list[torch.Generator], states: list[torch.Tensor]) -> None:
+def set_generator_states(generators: list[torch.Generator], states: list[str]) -> None:
     for generator, state in zip(generators, states, strict=True):
-        generator.set_state(state)
+        if not isinstance(state, str):
+            raise TypeError("load_state_dict: a generator state is a base64 string in this "
+                            "mploader's states; this state was made by another version")
+        raw = bytearray(base64.b64decode(state.encode("ascii"), validate=True))
+        generator.set_state(torch.frombuffer(raw, dtype=torch.uint8))
 
 
 def _type_name(obj: Any) -> str:

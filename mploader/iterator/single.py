@@ -50,9 +50,9 @@ class SingleProcessIterator(BaseIterator):
         else:  # a resumed epoch: the sampler and an iterable dataset where the state says
             assert self._tracker is not None
             self._sampler_iter = self._tracker.resume_sampler(plan, self._sampler_iter)
-            restore = plan.restores()[0] if plan.workers else None
-            self._fetcher = restored_fetcher(restore, self._dataset, self._is_iterable,
-                                             self._auto_collation, self._drop_last)
+            self._fetcher = restored_fetcher(plan.main_restore(), self._dataset,
+                                             self._is_iterable, self._auto_collation,
+                                             self._drop_last)
         if self._tracker is not None:
             self._tracker.follow_fetcher(self._fetcher)
         # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().
@@ -103,7 +103,7 @@ class SingleProcessIterator(BaseIterator):
             publisher.unregister(self)
             self._close_hooks()
             if tracker is not None:
-                tracker.epoch_ended()
+                tracker.epoch_ended(self._table)
             raise
         except Exception:  # the batch failed; the epoch goes on after it, as in torch
             self._record_delivery(indices)
@@ -122,7 +122,7 @@ class SingleProcessIterator(BaseIterator):
         table.pop_ready()
         table.delivered(task_id, None)
         if self._tracker is not None:
-            self._tracker.delivered_task(None, None)
+            self._tracker.delivered_task(table, task_id, None, None)
 
     def _close_hooks(self) -> None:
         if self._hooks_active:

@@ -69,6 +69,7 @@ class TaskTable:
     delivered_through: int = 0  # every task id below it was delivered
     delivered_after: set[int] = field(default_factory=set)  # delivered ids above it
     next_worker: int = 0  # after the worker whose batch was received last, in round-robin order
+    deliveries: int = 0  # batches (or their errors) the consumer received this epoch
     # worker id -> its resume state when its iterable dataset ran out (None: not tracked)
     exhausted: dict[int, Any] = field(default_factory=dict)
     next_task_id: int = 0  # the next id to hand out
@@ -93,6 +94,7 @@ class TaskTable:
                                else iterator_epoch)
         position = resumed or Position()
         self.batches_yielded = position.batches_yielded
+        self.deliveries = 0
         self.delivered_through = position.delivered_through
         self.delivered_after = set(position.delivered_after)
         self.next_worker = position.next_worker
@@ -179,6 +181,7 @@ class TaskTable:
         """The consumer received task ``task_id``'s batch (or its error), made by ``worker_id``
         (None: the main process).  Every batch's hot path: a few stores.  (``batches_yielded``
         counts what ``__next__`` returned, as torch's ``_num_yielded`` does: not errors.)"""
+        self.deliveries += 1
         if worker_id is not None:
             self.next_worker = worker_id + 1  # modulo the worker count when saved
         if not self.counts_positions:

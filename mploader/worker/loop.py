@@ -330,13 +330,13 @@ class WorkerLoop:
             return
         timings = TaskTimings(started, fetched, time.monotonic())
         done = TaskDone(task.epoch, task.task_id, spec.worker_id, timings=timings,
-                        state=self.snapshot())
+                        state=self.snapshot() if task.record else None)
         self.send(done, payload)
 
     def send_error(self, task: Task, error: BaseException) -> None:
         remote = RemoteError.capture(error, self.spec.worker_id, self.pid, task.indices)
         self.send(TaskDone(task.epoch, task.task_id, self.spec.worker_id, error=remote,
-                           state=self.snapshot()))
+                           state=self.snapshot() if task.record else None))
 
     def snapshot(self) -> WorkerSnapshot | None:
         """This worker's state right after its latest task, when the loader tracks state."""

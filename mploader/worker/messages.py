@@ -37,11 +37,13 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Task:
-    """Fetch ``indices`` (task ``task_id`` of the iterator's ``epoch``); reply with a TaskDone."""
+    """Fetch ``indices`` (task ``task_id`` of the iterator's ``epoch``); reply with a TaskDone,
+    with the worker's resume state after it when ``record`` (``mploader.worker.resume``)."""
 
     epoch: int
     task_id: int
     indices: Any
+    record: bool = True
 
 
 @dataclass(slots=True)

@@ -8,15 +8,19 @@ produced the last batch the consumer received.  Each result therefore carries a
 * its global generators (torch, numpy, Python), only when they moved since the previous snapshot
   this process sent (``rng=None`` means "unchanged"), so a dataset without random draws costs a
   fingerprint check and nothing on the wire;
+* the dataset's own ``state_dict()`` when it defines one (map-style or iterable);
 * for an iterable dataset: how many items its iterator has yielded this epoch, whether it ended,
-  and the dataset's (or its iterator's) own ``state_dict()`` when it defines one.
+  and its iterator's own ``state_dict()`` when that is another object that defines one.
+
+With ``snapshot_every_n_steps=n > 1`` only the tasks the main process marks send one (those that
+may be a worker's last before a snapshot, see ``mploader.iterator.resume``).
 
 The main process keeps, per worker, the snapshot of the last delivered batch (for
 ``state_dict()``) and of the last arrived one (to restart a crashed worker where it was).  A
 resumed or restarted worker gets a :class:`WorkerRestore` in its spec: it rebuilds its dataset
 iterator (``load_state_dict`` before ``iter()``, the iterator's own state after it, or else a
 fast-forward by the item count) and then puts its generators back, so the draws of its next
-batches are the uninterrupted run's.
+batches are the uninterrupted run's.  A map-style dataset's own state is loaded the same way.
 """
 
 from __future__ import annotations
@@ -33,30 +37,29 @@ class WorkerSnapshot:
     """A worker's state right after it produced one batch (sent with that batch's result)."""
 
     rng: rng.RngState | None  # None: unchanged since this process's previous snapshot
+    dataset_state: Any = None  # dataset.state_dict(), when it defines one (map-style too)
     items: int | None = None  # iterable: items drawn from iter(dataset) this epoch
     ended: bool = False  # iterable: the iterator ran out during the last batch
-    dataset_state: Any = None  # iterable: dataset.state_dict(), when it defines one
-    iterator_state: Any = None  # iterable: iter(dataset).state_dict(), when it defines one
+    iterator_state: Any = None  # iterable: iter(dataset).state_dict(), another object's
+    self_iterator: bool = False  # iterable: iter(dataset) is the dataset (state loads after it)
 
     def merged_onto(self, previous: WorkerSnapshot | None) -> WorkerSnapshot:
         """This snapshot with an unchanged ``rng`` filled in from the previous one."""
         if self.rng is not None or previous is None:
             return self
-        return WorkerSnapshot(previous.rng, self.items, self.ended, self.dataset_state,
-                              self.iterator_state)
-
-    @property
-    def has_position(self) -> bool:
-        return self.items is not None
+        return WorkerSnapshot(previous.rng, self.dataset_state, self.items, self.ended,
+                              self.iterator_state, self.self_iterator)
 
 
 @dataclass
 class WorkerRestore:
-    """Where a resumed or restarted worker starts: its generators and, for an iterable dataset,
-    its iterator's position in the epoch it starts in."""
+    """Where a resumed or restarted worker starts: its generators; within the epoch it starts
+    in, its position (its dataset's state, and an iterable's place); between epochs, the state
+    its dataset carries from the last one (a persistent worker's)."""
 
     rng: rng.RngState | None = None
     position: WorkerSnapshot | None = None
+    carried_dataset_state: Any = None
 
 
 def has_state_methods(obj: Any) -> bool:
@@ -66,12 +69,12 @@ def has_state_methods(obj: Any) -> bool:
 
 
 class StateRecorder:
-    """Takes a worker's snapshot after each batch (see the module docstring)."""
+    """Takes a worker's snapshot after a batch (see the module docstring)."""
 
     def __init__(self, dataset: Any, is_iterable: bool) -> None:
         self.dataset = dataset
         self.is_iterable = is_iterable
-        self.dataset_has_state = is_iterable and has_state_methods(dataset)
+        self.dataset_has_state = has_state_methods(dataset)
         self.watch = rng.RngWatch()
         self.rng_changed = self.watch.capture_if_changed  # bound once: every batch calls it
 
@@ -79,36 +82,52 @@ class StateRecorder:
         state = self.rng_changed()
         if self.is_iterable and isinstance(fetcher, IterableFetcher):
             return iterable_snapshot(self.dataset, fetcher, state, self.dataset_has_state)
+        if self.dataset_has_state:
+            return WorkerSnapshot(state, self.dataset.state_dict())
         return None if state is None else WorkerSnapshot(state)
 
 
 def iterable_snapshot(dataset: Any, fetcher: IterableFetcher, state: rng.RngState | None,
                       dataset_has_state: bool) -> WorkerSnapshot:
     iterator = fetcher.iterator
-    iterator_has_state = iterator is not dataset and has_state_methods(iterator)
+    self_iterator = iterator is dataset
+    iterator_has_state = not self_iterator and has_state_methods(iterator)
     return WorkerSnapshot(
         rng=state,
+        dataset_state=dataset.state_dict() if dataset_has_state else None,
         items=fetcher.items,
         ended=fetcher.ended,
-        dataset_state=dataset.state_dict() if dataset_has_state else None,
         iterator_state=iterator.state_dict() if iterator_has_state else None,  # type: ignore[attr-defined]
+        self_iterator=self_iterator,
     )
 
 
 def restored_fetcher(restore: WorkerRestore | None, dataset: Any, is_iterable: bool,
                      auto_collation: bool, drop_last: bool) -> MapFetcher | IterableFetcher:
-    """The fetcher of a worker's first epoch, with its dataset position and generators restored
-    (in that order: rebuilding the iterator may draw, and those draws are already in the state).
+    """The fetcher of a worker's first epoch, restored where ``restore`` says.
 
-    A generator state from an earlier epoch (no position in this one) is restored first, since
-    ``iter(dataset)`` of this epoch came after it in the uninterrupted run."""
+    Within the epoch: the dataset's state, then ``iter(dataset)`` and the iterator's state (or a
+    fast-forward), then the generators (rebuilding the iterator may draw, and those draws are
+    already in the state).  A dataset that is its own iterator gets its state after ``iter()``,
+    which is where it sets up its position.  Between epochs (no position in this one): the
+    generators, then the dataset's carried state, then ``iter(dataset)`` of the new epoch, in
+    the order the uninterrupted run went through them."""
     if restore is None:
         return make_fetcher(dataset, is_iterable, auto_collation, drop_last)
-    if restore.position is None or not is_iterable:
+    position = restore.position
+    if position is None:
         if restore.rng is not None:
             rng.restore(restore.rng)
+        if restore.carried_dataset_state is not None:
+            dataset.load_state_dict(restore.carried_dataset_state)
         return make_fetcher(dataset, is_iterable, auto_collation, drop_last)
-    fetcher = restored_iterable_fetcher(dataset, auto_collation, drop_last, restore.position)
+    if is_iterable:
+        fetcher: MapFetcher | IterableFetcher = restored_iterable_fetcher(
+            dataset, auto_collation, drop_last, position)
+    else:
+        if position.dataset_state is not None:
+            dataset.load_state_dict(position.dataset_state)
+        fetcher = make_fetcher(dataset, is_iterable, auto_collation, drop_last)
     if restore.rng is not None:
         rng.restore(restore.rng)
     return fetcher
@@ -118,12 +137,15 @@ def restored_iterable_fetcher(dataset: Any, auto_collation: bool, drop_last: boo
                               position: WorkerSnapshot) -> IterableFetcher:
     """``iter(dataset)`` put where ``position`` says: by the dataset's or iterator's own state
     when they define one, else by drawing (and dropping) the items already yielded."""
-    if position.dataset_state is not None:
-        dataset.load_state_dict(position.dataset_state)
+    dataset_state = position.dataset_state
+    if dataset_state is not None and not position.self_iterator:
+        dataset.load_state_dict(dataset_state)
     fetcher = IterableFetcher(dataset, auto_collation, drop_last)
-    if position.iterator_state is not None:
+    if dataset_state is not None and position.self_iterator:
+        fetcher.iterator.load_state_dict(dataset_state)  # type: ignore[attr-defined]
+    elif position.iterator_state is not None:
         fetcher.iterator.load_state_dict(position.iterator_state)  # type: ignore[attr-defined]
-    elif position.dataset_state is None:
+    elif dataset_state is None:
         items = position.items or 0
         for drawn in range(items):
             try:

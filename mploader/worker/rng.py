@@ -18,12 +18,14 @@ Each fingerprint is verified once per process (a draw must change it, restoring 
 bring it back); where that fails, the watch falls back to full captures.
 
 States travel as :class:`RngState` (bytes, small ints): cheap to pickle.  ``to_plain`` and
-``from_plain`` convert to and from the tensors and ints of a ``state_dict()``.
+``from_plain`` convert to and from the values of a ``state_dict()``: base64 strings and numbers,
+so that a state goes through ``json.dumps`` as well as ``torch.save``.
 """
 
 from __future__ import annotations
 
 import array
+import base64
 import ctypes
 import random
 from collections.abc import Callable
@@ -50,19 +52,17 @@ class RngState:
     python: tuple[int, bytes, float | None]  # version, 625 words (state + index), gauss_next
 
     def to_plain(self) -> dict[str, Any]:
+        """The state as JSON-safe values: the raw words in base64, the rest as numbers."""
         plain: dict[str, Any] = {
-            "torch": torch.frombuffer(bytearray(self.torch), dtype=torch.uint8),
-            "python": {
-                "version": self.python[0],
-                "words": array.array("I", self.python[1]).tolist(),
-                "gauss_next": self.python[2],
-            },
+            "torch": _b64(self.torch),
+            "python": {"version": self.python[0], "words": _b64(self.python[1]),
+                       "gauss_next": self.python[2]},
             "numpy": None,
         }
         if self.numpy is not None:
             key, pos, has_gauss, gauss = self.numpy
-            plain["numpy"] = {"key": array.array("I", key).tolist(), "pos": pos,
-                              "has_gauss": has_gauss, "gauss": gauss}
+            plain["numpy"] = {"key": _b64(key), "pos": pos, "has_gauss": has_gauss,
+                              "gauss": gauss}
         return plain
 
     @staticmethod
@@ -70,15 +70,27 @@ class RngState:
         numpy_state = None
         if plain["numpy"] is not None:
             entry = plain["numpy"]
-            numpy_state = (array.array("I", entry["key"]).tobytes(), int(entry["pos"]),
-                           int(entry["has_gauss"]), float(entry["gauss"]))
+            numpy_state = (_unb64(entry["key"]), int(entry["pos"]), int(entry["has_gauss"]),
+                           float(entry["gauss"]))
         python = plain["python"]
+        gauss_next = python["gauss_next"]
         return RngState(
-            torch=bytes(plain["torch"].numpy().tobytes()),
+            torch=_unb64(plain["torch"]),
             numpy=numpy_state,
-            python=(int(python["version"]), array.array("I", python["words"]).tobytes(),
-                    python["gauss_next"]),
+            python=(int(python["version"]), _unb64(python["words"]),
+                    None if gauss_next is None else float(gauss_next)),
         )
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    if not isinstance(text, str):
+        raise TypeError(f"a generator state in a DataLoader state is a base64 string, not a "
+                        f"{type(text).__name__}; the state was not made by this mploader version")
+    return base64.b64decode(text.encode("ascii"), validate=True)
 
 
 def capture() -> RngState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import SequentialSampler
 
 import mploader
@@ -21,7 +22,7 @@ def state() -> dict[str, Any]:
 
 def test_another_version_is_refused(state: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"this state has version 99, but this mploader reads "
-                                         r"version 1"):
+                                         r"version 2"):
         shuffled().load_state_dict({**state, "version": 99})
 
 
@@ -55,7 +56,7 @@ def test_a_dataset_state_that_is_not_plain_is_named() -> None:
     loader = streamed(dataset=NumpyState())
     iterator = iter(loader)
     next(iterator)
-    with pytest.raises(TypeError, match=r"state\['position'\]\['workers'\]\[0\]\['position'\]"
+    with pytest.raises(TypeError, match=r"state\['position'\]\['workers'\]\[0\]"
                                         r"\['dataset_state'\]\['position'\] is a numpy\.int64"):
         loader.state_dict()
     del iterator
@@ -70,14 +71,17 @@ def test_tracking_off_has_no_state() -> None:
         shuffled(snapshot_every_n_steps=-1)
 
 
-def test_a_state_before_any_iteration_and_an_empty_one_load_nothing() -> None:
+def test_a_state_before_any_iteration_gives_the_first_epoch_and_an_empty_one_loads_nothing(
+) -> None:
+    """A state taken before the first ``iter()`` holds the generators the first epoch draws
+    from: a loader that loads it gives that epoch, whatever its own generators say."""
     expected = [[batch.tolist() for batch in shuffled()]]
     fresh = shuffled().state_dict()
-    assert fresh["position"] is None
-    loader = shuffled()
+    assert fresh["position"]["phase"] == "between_epochs" and fresh["position"]["epoch"] == 0
+    loader = shuffled(generator=torch.Generator().manual_seed(1234))
     loader.load_state_dict(fresh)
-    loader.load_state_dict({})
-    assert loader.state_dict()["position"] is None
+    loader.load_state_dict({})  # nothing: the loaded state stays
+    assert loader.state_dict() == fresh
     assert [[batch.tolist() for batch in loader]] == expected
 
 
