@@ -22,8 +22,8 @@ lock file go at exit as they do when it is collected.  In a forked child, the pa
 calls and handles are dropped: they are the parent's to run.
 
 Finalizers outside this module, each doing only atomic steps (see the README, "Locks"): a
-shared-memory lease's (``channel/shm/channel.py``: set and deque operations, then a call that only
-appends to a deque and writes a byte to a pipe), a block mapping's (``munmap``), the zygote
+shared-memory lease's (``channel/shm/channel.py``: set and deque operations only; the release is
+appended to a deque the iterator drains), a block mapping's (``munmap``), the zygote
 process handle's ``__del__`` (``close`` of its own fd) and the publisher's weakref callback (a
 list append).
 """

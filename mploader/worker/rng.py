@@ -113,8 +113,10 @@ _default_generator = torch.default_generator
 
 
 def _torch_bytes() -> bytes:
-    state = _default_generator.get_state()  # what torch.get_rng_state() returns
-    return ctypes.string_at(state.data_ptr(), state.numel())
+    """torch's global generator state as bytes: what ``torch.get_rng_state()`` returns, read
+    through a ctypes array (``ctypes.string_at`` costs a microsecond more per call)."""
+    state = _default_generator.get_state()
+    return (ctypes.c_char * state.numel()).from_address(state.data_ptr()).raw
 
 
 def _numpy_state() -> tuple[bytes, int, int, float] | None:
@@ -145,8 +147,7 @@ class RngWatch:
     def capture_if_changed(self) -> RngState | None:
         """The full state when any generator moved since the previous call, else ``None``.
         The first call always captures.  (The hot path of every batch: kept to four calls.)"""
-        torch_state = _default_generator.get_state()  # what torch.get_rng_state() returns
-        torch_now = ctypes.string_at(torch_state.data_ptr(), torch_state.numel())
+        torch_now = _torch_bytes()
         if (
             torch_now == self._last_torch
             and not self._numpy_gauss_cached
@@ -170,7 +171,8 @@ def _numpy_fingerprint() -> Callable[[], bytes] | None:
         return None
     if not isinstance(address, int):
         return None
-    return lambda: ctypes.string_at(address, _MT_BYTES)
+    words = (ctypes.c_char * _MT_BYTES).from_address(address)  # read in place, made once
+    return lambda: words.raw
 
 
 def _python_fingerprint() -> Callable[[], Any] | None:
@@ -178,7 +180,8 @@ def _python_fingerprint() -> Callable[[], Any] | None:
     address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
     if type(generator).__basicsize__ < object.__basicsize__ + _MT_BYTES:
         return None
-    return lambda: (ctypes.string_at(address, _MT_BYTES), generator.gauss_next)
+    words = (ctypes.c_char * _MT_BYTES).from_address(address)  # read in place, made once
+    return lambda: (words.raw, generator.gauss_next)
 
 
 def _numpy_draw() -> None:
