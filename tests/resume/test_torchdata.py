@@ -13,18 +13,13 @@ from torch.utils.data import Dataset, IterableDataset, RandomSampler
 
 import mploader
 
-stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
-StatefulDataLoader = stateful_dataloader.StatefulDataLoader
-StatefulDistributedSampler = pytest.importorskip(
-    "torchdata.stateful_dataloader.sampler").StatefulDistributedSampler
+from .torchdata_side import (
+    IGNORE_TORCHDATA_WARNINGS,
+    StatefulDataLoader,
+    StatefulDistributedSampler,
+)
 
-pytestmark = [
-    pytest.mark.timeout(90),
-    # torchdata's own iterator warns about torch APIs it uses; not ours to fix
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
-]
+pytestmark = [pytest.mark.timeout(90), *IGNORE_TORCHDATA_WARNINGS]
 LENGTH = 22
 
 

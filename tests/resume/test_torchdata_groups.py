@@ -20,15 +20,9 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 import mploader
 
-stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
-StatefulDataLoader = stateful_dataloader.StatefulDataLoader
+from .torchdata_side import IGNORE_TORCHDATA_WARNINGS, StatefulDataLoader
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
-]
+pytestmark = [pytest.mark.timeout(120), *IGNORE_TORCHDATA_WARNINGS]
 LENGTH = 24
 LOADERS = {"torchdata": StatefulDataLoader, "mploader": mploader.DataLoader}
 Make = Callable[[type], Any]
@@ -476,4 +470,5 @@ def test_g_a_larger_interval_asks_workers_for_fewer_states(tmp_path: Any, every:
     data = mploader.DataLoader(LoggedState(log), batch_size=2, num_workers=2,
                                multiprocessing_context="fork", snapshot_every_n_steps=every)
     assert [int(i) for batch in data for i in batch] == list(range(LENGTH))
-    assert len(open(log).readlines()) == calls
+    with open(log) as lines:
+        assert len(lines.readlines()) == calls
