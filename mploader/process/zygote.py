@@ -11,8 +11,9 @@ spawned worker would, so the zygote itself stays clean.  ``MPLOADER_ZYGOTE=0`` t
 Protocol on the zygote's Unix socket (main <-> zygote):
 
     main -> zygote   header (8 bytes: payload length) with three fds attached (task pipe read end,
-                     result pipe write end, life pipe write end), then the payload: the pickled
-                     (name, spec)
+                     result pipe write end, life pipe write end) and any the spec hands over
+                     (multiprocessing objects in the dataset, pickled as for spawn), then the
+                     payload: the pickled (name, spec)
     zygote -> main   ("forked", pid) once per request, and ("exited", pid, exitcode) whenever a
                      worker ends (the zygote reaps its children)
 
@@ -32,6 +33,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.context import set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -127,7 +129,8 @@ class Zygote:
     def fork(self, name: str, spec: Any, fds: list[int], answer_seconds: float) -> int:
         """Ask for a worker; its pid.  Waits for the zygote to be ready (``START_SECONDS``), then
         ``answer_seconds`` for the answer; raises :class:`ZygoteTimeoutError` past either."""
-        payload = bytes(ForkingPickler.dumps((name, spec), pickle.HIGHEST_PROTOCOL))
+        payload, handed = pickle_for_worker((name, spec), len(fds))
+        fds = fds + handed
         start_deadline = time.monotonic() + START_SECONDS
         if not self._lock.acquire(timeout=START_SECONDS + answer_seconds):
             raise ZygoteTimeoutError(self._describe("was busy with other requests for "
@@ -427,9 +430,59 @@ def _zygote_main(sock: socket.socket) -> None:
         _reap_children(sock)
 
 
+class _HandedFd:
+    """A file descriptor that came with the worker's request: its place among them."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def detach(self) -> int:
+        return _received_fds[self.index]
+
+
+class _SpawningThroughZygote:
+    """Stands in for multiprocessing's "spawning Popen" while a worker's spec is pickled for
+    the zygote, as ``Popen`` does for a spawned child: objects that may only travel to a child
+    being started (a ``Lock``, ``Semaphore``, ``Event``, ``Value``, ``Array`` or ``Queue`` in a
+    dataset) pickle as they do for spawn, and the file descriptors they hand over travel with
+    the request, after the worker's own pipes.  (torch's workers get them from ``Popen``.)"""
+
+    def __init__(self, first: int) -> None:
+        self.first = first  # the request's own fds come first
+        self.fds: list[int] = []
+
+    def duplicate_for_child(self, fd: int) -> int:
+        self.fds.append(fd)
+        return self.first + len(self.fds) - 1
+
+    DupFd = _HandedFd  # how multiprocessing's reductions name an fd for the child
+
+
+_received_fds: list[int] = []  # in a worker forked by the zygote: the fds of its request
+MAX_HANDED_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors in one message
+
+
+def pickle_for_worker(message: Any, own_fds: int) -> tuple[bytes, list[int]]:
+    """``message`` pickled as for a spawned child, and the extra fds it hands over."""
+    popen = _SpawningThroughZygote(own_fds)
+    set_spawning_popen(popen)  # type: ignore[arg-type]  # it has what the reductions use
+    try:
+        payload = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
+    finally:
+        set_spawning_popen(None)
+    if own_fds + len(popen.fds) > MAX_HANDED_FDS:
+        raise ValueError(
+            f"the worker's spec hands over {len(popen.fds)} file descriptors (multiprocessing "
+            f"objects in the dataset or its functions); one request to the zygote carries at "
+            f"most {MAX_HANDED_FDS - own_fds}. Share fewer multiprocessing objects, or set "
+            "MPLOADER_ZYGOTE=0"
+        )
+    return payload, popen.fds
+
+
 def _serve_request(sock: socket.socket, own_fds: tuple[int, int]) -> bool:
     try:
-        header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, 3)
+        header, fds, _, _ = socket.recv_fds(sock, _HEADER.size, MAX_HANDED_FDS)
     except OSError:
         return False
     if not header:
@@ -459,7 +512,8 @@ def _run_worker(sock: socket.socket, own_fds: tuple[int, int], payload: bytes,
         sock.close()
         for fd in own_fds:
             os.close(fd)
-        task_fd, result_fd, _life_fd = fds  # the life pipe stays open until this process ends
+        task_fd, result_fd, _life_fd = fds[:3]  # the life pipe stays open until this ends
+        _received_fds[:] = fds  # what the spec's multiprocessing objects detach (_HandedFd)
         import multiprocessing
 
         name, spec = pickle.loads(payload)
