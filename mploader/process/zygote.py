@@ -130,7 +130,13 @@ class Zygote:
         """Ask for a worker; its pid.  Waits for the zygote to be ready (``START_SECONDS``), then
         ``answer_seconds`` for the answer; raises :class:`ZygoteTimeoutError` past either."""
         payload, handed = pickle_for_worker((name, spec), len(fds))
-        fds = fds + handed
+        try:
+            return self._request(name, payload, fds + handed, answer_seconds)
+        finally:
+            for fd in handed:  # the request's own duplicates: the worker has its copies
+                os.close(fd)
+
+    def _request(self, name: str, payload: bytes, fds: list[int], answer_seconds: float) -> int:
         start_deadline = time.monotonic() + START_SECONDS
         if not self._lock.acquire(timeout=START_SECONDS + answer_seconds):
             raise ZygoteTimeoutError(self._describe("was busy with other requests for "
@@ -445,14 +451,17 @@ class _SpawningThroughZygote:
     the zygote, as ``Popen`` does for a spawned child: objects that may only travel to a child
     being started (a ``Lock``, ``Semaphore``, ``Event``, ``Value``, ``Array`` or ``Queue`` in a
     dataset) pickle as they do for spawn, and the file descriptors they hand over travel with
-    the request, after the worker's own pipes.  (torch's workers get them from ``Popen``.)"""
+    the request, after the worker's own pipes.  (torch's workers get them from ``Popen``.)
+
+    The request sends duplicates it owns, not the numbers it was handed: a storage that a
+    ``__reduce__`` made for the pickle is freed, its fd closed, before the request is sent."""
 
     def __init__(self, first: int) -> None:
         self.first = first  # the request's own fds come first
         self.fds: list[int] = []
 
     def duplicate_for_child(self, fd: int) -> int:
-        self.fds.append(fd)
+        self.fds.append(os.dup(fd))
         return self.first + len(self.fds) - 1
 
     DupFd = _HandedFd  # how multiprocessing's reductions name an fd for the child
@@ -468,16 +477,24 @@ def pickle_for_worker(message: Any, own_fds: int) -> tuple[bytes, list[int]]:
     set_spawning_popen(popen)  # type: ignore[arg-type]  # it has what the reductions use
     try:
         payload = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
+        _check_handed_fds(own_fds, len(popen.fds))
+    except BaseException:
+        for fd in popen.fds:
+            os.close(fd)
+        raise
     finally:
         set_spawning_popen(None)
-    if own_fds + len(popen.fds) > MAX_HANDED_FDS:
+    return payload, popen.fds
+
+
+def _check_handed_fds(own_fds: int, handed: int) -> None:
+    if own_fds + handed > MAX_HANDED_FDS:
         raise ValueError(
-            f"the worker's spec hands over {len(popen.fds)} file descriptors (multiprocessing "
+            f"the worker's spec hands over {handed} file descriptors (multiprocessing "
             f"objects in the dataset or its functions); one request to the zygote carries at "
             f"most {MAX_HANDED_FDS - own_fds}. Share fewer multiprocessing objects, or set "
             "MPLOADER_ZYGOTE=0"
         )
-    return payload, popen.fds
 
 
 def _serve_request(sock: socket.socket, own_fds: tuple[int, int]) -> bool:

@@ -57,3 +57,34 @@ def test_multiprocessing_objects_in_a_dataset(start_method: str) -> None:
         results[name] = (batches, dataset.count.value, seen)
     assert results["mploader"] == results["torch"]
     assert results["torch"][1] == ITEMS and results["torch"][2] == list(range(ITEMS))
+
+
+class MadeWhilePickled(Dataset):
+    """Its tensor is made afresh each time the dataset is pickled (as a ``__reduce__`` that
+    converts or copies does): the storage, and the file descriptor that shares it, live only
+    while the worker's spec is pickled."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self.values = values
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MadeWhilePickled, (self.values.clone(),))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.values[index]
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_tensor_made_while_the_spec_is_pickled(start_method: str) -> None:
+    """The zygote's request owns a duplicate of every fd the spec hands over, so a storage freed
+    right after pickling still reaches the worker.  (torch's ``Popen`` passes the fd number
+    itself, by then closed: its worker fails with "unable to resize file".)"""
+    dataset = MadeWhilePickled(torch.arange(ITEMS * 1000, dtype=torch.float32))
+    loader = mploader.DataLoader(dataset, batch_size=1000, num_workers=2,
+                                 multiprocessing_context=start_method)
+    batches = list(loader)
+    assert len(batches) == ITEMS
+    assert torch.equal(torch.cat(batches), dataset.values)
