@@ -57,6 +57,16 @@ class BaseIterator:
     def __iter__(self) -> BaseIterator:
         return self
 
+    @property
+    def _num_yielded(self) -> int:
+        """torch's name for the batches this epoch has yielded, which code written for torch
+        reads (and may set): a view of the task table's count, not a copy."""
+        return self._table.batches_yielded
+
+    @_num_yielded.setter
+    def _num_yielded(self, count: int) -> None:
+        self._table.batches_yielded = count
+
     def _begin_loader_epoch(self, first_iter: bool) -> int:
         """The number of the loader's epoch that begins now, for the monitor: the loader's one
         count, which a resumed epoch sets to its own (a torch loader keeps no count: the

@@ -217,6 +217,23 @@ def test_len_of_the_iterator(num_workers: int) -> None:
     assert len(iter(loader)) == len(iter(reference)) == 3
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_num_yielded_of_the_iterator(num_workers: int) -> None:
+    """torch's iterators count the batches they yielded in ``_num_yielded``; code written for
+    torch reads it (a DataLoader subclass's ``state_dict()``, a trainer's progress bar)."""
+    options = dict(dataset=TensorItems(10), batch_size=2, num_workers=num_workers)
+    counts = []
+    for cls in (torch.utils.data.DataLoader, mploader.DataLoader):
+        iterator = iter(cls(**options))
+        seen = [iterator._num_yielded]
+        for _ in range(3):
+            next(iterator)
+            seen.append(iterator._num_yielded)
+        seen.append(len(list(iterator)) + seen[-1] == iterator._num_yielded)
+        counts.append(seen)
+    assert counts[1] == counts[0] == [0, 1, 2, 3, True]
+
+
 def test_len_without_dataset_len() -> None:
     errors = []
     for cls in (torch.utils.data.DataLoader, mploader.DataLoader):
