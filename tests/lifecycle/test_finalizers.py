@@ -48,9 +48,8 @@ def assert_nothing_left(report: dict) -> None:
     assert left == [], f"blocks or lock files of finalized iterators left: {left}"
 
 
-@pytest.mark.parametrize(("start_method", "where"), [
-    ("fork", "main"), ("spawn", "main"), ("forkserver", "main"), ("fork", "thread"),
-])
+@pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_finalized_inside_every_lock(start_method: str, where: str) -> None:
     report = run_child(start_method, where)
     # every point probed had an iterator to finalize, and the points include the lock of the
@@ -63,8 +62,9 @@ def test_finalized_inside_every_lock(start_method: str, where: str) -> None:
     assert_nothing_left(report)
 
 
-def test_finalized_at_interpreter_exit() -> None:
-    report = run_child("fork", "exit")
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_finalized_at_interpreter_exit(start_method: str) -> None:
+    report = run_child(start_method, "exit")
     assert report["pending_at_exit"] > 0
     assert report["reserve_left"] > 0, "the reserve ran out: some points were not probed"
     assert "process/inherited_fds.py:remove_main_side_fds" in report["exit_probed"]
