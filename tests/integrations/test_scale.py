@@ -332,11 +332,12 @@ def test_the_feature_store_splits_below_the_servers_limit(strict: NebulaServerPr
 # ----------------------------------------------------------------------------- ranks
 
 
-def _rank(address: str, rank: int, ranks: int, results: Any) -> None:
-    dataset = YieldPerFetchThread(384, delay=0.01)
+def _rank(address: str, rank: int, ranks: int, threads: int, items: int, delay: float,
+          results: Any) -> None:
+    dataset = YieldPerFetchThread(items, delay=delay)
     sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, shuffle=True, seed=3)
     loader = mploader.DataLoader(
-        dataset, batch_size=4, sampler=sampler, num_workers=2, worker_threads=8,
+        dataset, batch_size=4, sampler=sampler, num_workers=2, worker_threads=threads,
         worker_hooks=NebulaHooks([address], space=citation.CITATION_SPACE),
         multiprocessing_context="fork",
     )
@@ -347,33 +348,56 @@ def _rank(address: str, rank: int, ranks: int, results: Any) -> None:
         results.put((rank, [], False, repr(error)))
 
 
+
+@contextlib.contextmanager
+def _server_for_ranks(cap: int | None, capped: Any) -> Iterator[NebulaServerProcess]:
+    if cap is None:  # graphd's defaults, and statements of 200 ms (the issue's job): every
+        # fetch thread wants a session at once, more than the cap
+        with _server(latency_ms=200) as server:
+            yield server
+    else:
+        yield capped
+
+
+@pytest.mark.parametrize(("cap", "threads", "items", "delay", "high_water_limit"), [
+    # graphd's default cap of 300, 320 fetch threads: the host's budget of 240 (+ the admin)
+    (None, 40, 1280, 0.0, 241),
+    # an administrator's cap of 24, 64 fetch threads
+    (24, 8, 384, 0.01, 24),
+], ids=["graphds-defaults-320-threads", "cap-24-64-threads"])
 def test_ranks_x_workers_x_threads_over_the_cap_see_every_sample_once(
-    capped: NebulaServerProcess,
+    cap: int | None, threads: int, items: int, delay: float, high_water_limit: int,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """4 ranks x 2 workers x 8 threads (64 fetch threads) against a cap of 24, with
-    DistributedSampler: each sample once per epoch across ranks, no failure, 0 sessions left."""
+    """4 ranks x 2 workers x T threads, more fetch threads than graphd's cap, with
+    DistributedSampler: each sample once per epoch across ranks, no failure, 0 sessions left.
+    The sessions on graphd (the admin's own included) never pass the budget, or the cap."""
     ranks = 4
-    admin = _Admin(capped.address)
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    try:
-        with admin.watch():
-            processes = [
-                context.Process(target=_rank, args=(capped.address, rank, ranks, results))
-                for rank in range(ranks)
-            ]
-            for process in processes:
-                process.start()
-            outcomes = [results.get(timeout=90) for _ in range(ranks)]
-            for process in processes:
-                process.join(30)
-        errors = [error for _, _, _, error in outcomes if error]
-        assert not errors
-        assert all(right for _, _, right, _ in outcomes)
-        seen = Counter(index for _, indices, _, _ in outcomes for index in indices)
-        assert seen == Counter(range(384))
-        print(f"session high-water mark: {admin.high_water} (cap 24, 64 fetch threads)")
-        assert admin.high_water <= 24
-        assert wait_for(lambda: not admin.others())
-    finally:
-        admin.close()
+    capped = request.getfixturevalue("capped") if cap is not None else None
+    with _server_for_ranks(cap, capped) as server:
+        admin = _Admin(server.address)
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        try:
+            with admin.watch():
+                processes = [
+                    context.Process(target=_rank,
+                                    args=(server.address, rank, ranks, threads, items, delay, results))
+                    for rank in range(ranks)
+                ]
+                for process in processes:
+                    process.start()
+                outcomes = [results.get(timeout=90) for _ in range(ranks)]
+                for process in processes:
+                    process.join(30)
+            errors = [error for _, _, _, error in outcomes if error]
+            assert not errors
+            assert all(right for _, _, right, _ in outcomes)
+            seen = Counter(index for _, indices, _, _ in outcomes for index in indices)
+            assert seen == Counter(range(items))
+            print(f"session high-water mark: {admin.high_water} (cap {cap or 300}, "
+                  f"{ranks * 2 * threads} fetch threads)")
+            assert admin.high_water <= high_water_limit
+            assert wait_for(lambda: not admin.others())
+        finally:
+            admin.close()
