@@ -30,3 +30,33 @@ def test_a_capture_restores_every_generator() -> None:
     first = (torch.rand(3).tolist(), np.random.normal(size=3).tolist(), random.gauss(0, 1))
     rng.restore(rng.RngState.from_plain(state.to_plain()))
     assert (torch.rand(3).tolist(), np.random.normal(size=3).tolist(), random.gauss(0, 1)) == first
+
+
+TORCH_DRAWS = {
+    "rand": lambda: torch.rand(1),
+    "randn": lambda: torch.randn(1),  # every other one takes the generator's cached sample
+    "randn float64": lambda: torch.randn(1, dtype=torch.float64),
+    "randint": lambda: torch.randint(10, (1,)),
+    "randperm": lambda: torch.randperm(5),
+    "normal_": lambda: torch.empty(5).normal_(),
+    "uniform_ 1000": lambda: torch.empty(1000).uniform_(),  # 1000 words: past the engine's refill
+    "bernoulli": lambda: torch.bernoulli(torch.tensor([0.5])),
+    "manual_seed": lambda: torch.manual_seed(7),
+    "nothing": lambda: None,
+}
+
+
+def test_torch_is_watched_in_place_and_misses_no_draw() -> None:
+    """The torch fingerprint reads the generator's engine in place (not the 5 KB ``get_state()``
+    copy), and whenever ``get_state()`` changes, so does the fingerprint."""
+    watch = rng.RngWatch()
+    assert watch._torch_print is not rng._torch_bytes, "the in-place fingerprint was not verified"
+    generator = random.Random(5)
+    missed = []
+    for _ in range(600):
+        name = generator.choice(sorted(TORCH_DRAWS))
+        state, print_ = torch.get_rng_state(), watch._torch_print()
+        TORCH_DRAWS[name]()
+        if not torch.equal(torch.get_rng_state(), state) and watch._torch_print() == print_:
+            missed.append(name)
+    assert missed == []
