@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import NodeSamplerInput
 
 import mploader
-from mploader.integrations.nebula import NebulaHooks
+from mploader.integrations.nebula import NebulaHooks, NebulaQueryError
 from mploader.integrations.nebula.pyg import (
     FEATURES,
     FLOAT,
@@ -37,6 +38,8 @@ from mploader.integrations.nebula.pyg import (
     put_graph,
 )
 from mploader.integrations.nebula.statements import split_id_statements
+from nebula_testing import citation
+from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
 from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -46,17 +49,19 @@ AUTHORS, PAPERS = 30, 40
 WRITES = ("author", "writes", "paper")
 REV_WRITES = ("paper", "rev_writes", "author")
 CITES = ("paper", "cites", "paper")
+# A graphd refusing statements over 2000 bytes; "0, 1, ..., 599" alone is about 2.9 KB.
+SPLIT_NODES, SPLIT_DIM, QUERY_LIMIT = 600, 4, 2000
 
 
 # ----------------------------------------------------------------------------- fixtures
 
 
-def citation_schema(target: NebulaTarget) -> GraphSchema:
+def citation_schema(feature_dim: int) -> GraphSchema:
     attributes = {
-        "x": NodeAttribute("feat", FEATURES, target.feature_dim),
-        "y": NodeAttribute("label", INT),
+        "x": NodeAttribute(citation.FEATURE_PROP, FEATURES, feature_dim),
+        "y": NodeAttribute(citation.LABEL_PROP, INT),
     }
-    return homogeneous_schema("paper", attributes, "cites")
+    return homogeneous_schema(citation.PAPER_TAG, attributes, citation.CITES_EDGE)
 
 
 def hetero_schema() -> GraphSchema:
@@ -92,7 +97,7 @@ def make_hetero_data() -> HeteroData:
 
 @pytest.fixture(scope="module")
 def citation_stores(nebula_server: NebulaTarget) -> Any:
-    schema = citation_schema(nebula_server)
+    schema = citation_schema(nebula_server.feature_dim)
     hooks = nebula_server.hooks()
     stores = NebulaFeatureStore(schema, hooks), NebulaGraphStore(schema, hooks)
     yield schema, hooks, stores
@@ -113,6 +118,16 @@ def hetero_stores(nebula_server: NebulaTarget, nebula_admin_module: Any) -> Any:
     yield schema, hooks, (feature_store, graph_store), data
     feature_store.close()
     graph_store.close()
+
+
+@pytest.fixture(scope="module")
+def small_query_server() -> Iterator[NebulaServerProcess]:
+    """The bundled graphd with ``max_allowed_query_size=2000`` (graphd's default is 4 MiB)."""
+    with start_server_process(
+        preload="citation", nodes=SPLIT_NODES, feature_dim=SPLIT_DIM, classes=3, seed=0,
+        cites_per_node=2, max_allowed_query_size=QUERY_LIMIT,
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +351,56 @@ def test_writes_are_joined_below_the_size_limit() -> None:
     assert [part for request in requests for part in request.split("; ")] == updates
     with pytest.raises(ValueError, match="max_allowed_query_size"):
         list(split_id_statements("", ["x" * 3000], "", max_bytes=2000, separator="; "))
+
+
+def test_fetch_and_go_are_split_below_the_servers_query_size_limit(
+    small_query_server: NebulaServerProcess,
+) -> None:
+    """With ``max_query_bytes`` = graphd's ``max_allowed_query_size`` (2000 bytes here), the
+    feature store's FETCH and the sampler's GO are split, and answer as the in-memory graph does;
+    the same statements unsplit are refused by that graphd."""
+    graph = citation.make_citation_graph(SPLIT_NODES, SPLIT_DIM, 3, 0, 2)
+    hooks = NebulaHooks([small_query_server.address], space=citation.CITATION_SPACE)
+    schema = citation_schema(SPLIT_DIM)
+    everything = NodeSamplerInput(input_id=None, node=torch.arange(SPLIT_NODES))
+
+    unsplit_store = NebulaFeatureStore(schema, hooks)  # graphd's default limit: 4 MiB
+    unsplit_sampler = NebulaNeighborSampler(schema, hooks, [-1, -1])
+    with pytest.raises(NebulaQueryError, match="Query is too large"):
+        unsplit_store.get_tensor("paper", "x", None)
+    with pytest.raises(NebulaQueryError, match="Query is too large"):
+        unsplit_sampler.sample_from_nodes(everything)
+    unsplit_store.close()
+    unsplit_sampler.close()
+
+    feature_store = NebulaFeatureStore(schema, hooks, max_query_bytes=QUERY_LIMIT)
+    graph_store = NebulaGraphStore(schema, hooks, max_query_bytes=QUERY_LIMIT)
+    assert torch.equal(feature_store.get_tensor("paper", "x", None),
+                       torch.from_numpy(graph.features))
+    assert torch.equal(feature_store.get_tensor("paper", "y", None), torch.from_numpy(graph.labels))
+
+    sampler = NebulaNeighborSampler(schema, hooks, [-1, -1], max_query_bytes=QUERY_LIMIT)
+    loader = NebulaNodeLoader((feature_store, graph_store), sampler,
+                              input_nodes=torch.arange(SPLIT_NODES), batch_size=450)
+    edges = {CITES: np.stack([graph.edge_src, graph.edge_dst])}
+    for batch in loader:  # 450 seeds: a GO of ~2.2 KB, a FETCH of all ~600 sampled nodes
+        seeds = batch.n_id[: batch.batch_size].tolist()
+        nodes, expected_edges = reference_khop(edges, {"paper": seeds}, 2)
+        assert set(batch.n_id.tolist()) == nodes["paper"] and len(batch.n_id) == len(nodes["paper"])
+        assert global_edges(batch, CITES, hetero=False) == expected_edges
+        assert torch.equal(batch.x, torch.from_numpy(graph.features[batch.n_id.numpy()]))
+        assert torch.equal(batch.y, torch.from_numpy(graph.labels[batch.n_id.numpy()]))
+
+    # with fan-out, where the statements were cut does not change the sample
+    samples = []
+    for limit in (QUERY_LIMIT, 600):
+        fanned = NebulaNeighborSampler(schema, hooks, [2, 2], seed=4, max_query_bytes=limit)
+        samples.append(fanned.sample_from_nodes(everything))
+        fanned.close()
+    assert all(torch.equal(getattr(samples[0], name), getattr(samples[1], name))
+               for name in ("node", "row", "col"))
+    for store in (feature_store, graph_store, sampler):
+        store.close()
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
