@@ -7,7 +7,7 @@ result the main process is not reading.)  Frames use ``multiprocessing.connectio
 the worker reads them with a plain ``Connection``.
 
 :class:`Waiter` is one ``poll(2)`` over every result pipe, every worker's sentinel (readable when
-the process ends), a wake-up pipe, and the task pipes that have frames waiting: a dead worker is
+the process ends), a wake pipe, and the task pipes that have frames waiting: a dead worker is
 seen at once, without a polling interval.
 """
 
@@ -100,7 +100,7 @@ class TaskWriter:
 
 
 class Waiter:
-    """One ``poll(2)`` over result pipes, sentinels, the wake-up pipe and blocked task pipes."""
+    """One ``poll(2)`` over result pipes, sentinels, the wake pipe and blocked task pipes."""
 
     def __init__(self) -> None:
         self._poller = Poller()

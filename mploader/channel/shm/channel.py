@@ -13,8 +13,8 @@ of a batch is gone, so the worker can reuse the block. ::
     release(block_id, generation)  <--task--  take_releases(): the releases queued when leases
                                      pipe      were garbage-collected
 
-Releases travel up as data: the process layer drains :meth:`MainChannel.take_releases` and sends
-them down the worker's task pipe; this module never calls the layer above.
+Releases travel up as data: the iterator drains :meth:`MainChannel.take_releases` and the group
+sends them down the worker's task pipe; this module never calls the layer above.
 """
 
 from __future__ import annotations
