@@ -51,6 +51,7 @@ from mploader.monitor.stats import LoaderStats
 from mploader.process import zygote
 from mploader.process.death import worker_died_error
 from mploader.process.group import Event, WorkerGroup
+from mploader.worker.hooks import WorkerHooks
 from mploader.worker.messages import IterableExhausted, Task, TaskDone, WorkerReady
 from mploader.worker.resume import WorkerSnapshot
 from mploader.worker.spec import WorkerSpec
@@ -348,7 +349,7 @@ class MultiProcessIterator(BaseIterator):
         handle = self._group.handles[worker_id]
         self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
-        self._tell_hooks_worker_died(worker_id, handle.pid)
+        _tell_hooks_worker_died(self._loader_settings.worker_hooks, worker_id, handle.pid)
         if worker_id in self._table.exhausted and not held:
             return  # its part of the epoch was over; nothing is lost
         error = worker_died_error(
@@ -367,18 +368,6 @@ class MultiProcessIterator(BaseIterator):
                                "restarts (max_worker_restarts) were used.")
             raise error
         self._restart(worker_id, held, error)
-
-    def _tell_hooks_worker_died(self, worker_id: int, pid: int | None) -> None:
-        """``WorkerHooks.on_worker_died``: the hooks release what the dead worker left (its
-        database sessions) before any replacement starts.  A failure there is logged: the
-        worker's death is what the user must hear about."""
-        hooks = self._loader_settings.worker_hooks
-        if hooks is None:
-            return
-        try:
-            hooks.on_worker_died(worker_id, pid)
-        except Exception:
-            _log.exception("worker_hooks.on_worker_died(%d, %s) failed", worker_id, pid)
 
     def _undelivered_of(self, worker_id: int) -> list[bytes]:
         """Payloads of ``worker_id`` waiting in the table to be decoded: the channel keeps their
@@ -506,6 +495,18 @@ class _Arrived:
         self.snapshot: WorkerSnapshot | None = None  # the worker's state right after this batch
 
 
+def _tell_hooks_worker_died(hooks: WorkerHooks | None, worker_id: int, pid: int | None) -> None:
+    """``WorkerHooks.on_worker_died``: the hooks release what the dead worker left (its
+    database sessions), before any replacement starts or once the shutdown has ended it.  A
+    failure there is logged: the worker's death is what the user must hear about."""
+    if hooks is None:
+        return
+    try:
+        hooks.on_worker_died(worker_id, pid)
+    except Exception:
+        _log.exception("worker_hooks.on_worker_died(%d, %s) failed", worker_id, pid)
+
+
 def _resolve_context(context: Any) -> Any:
     """The loader's context (its setter already turned a start-method name into one), or the
     default."""
@@ -531,6 +532,10 @@ def _shutdown_iterator(
         for event in drained:
             if isinstance(event.message, TaskDone) and event.payload is not None:
                 channel.discard(event.worker_id, event.payload)
+        # Workers the shutdown had to terminate or kill (stuck in an item) left what a graceful
+        # exit releases (their sessions on a database): the hooks release it now.
+        for handle in group.unclean_exits:
+            _tell_hooks_worker_died(group.template.hooks, handle.worker_id, handle.pid)
         if latest is not None:  # what DataLoader.stats() answers once this iterator is gone
             try:
                 latest.record_final(followed_as, monitor.snapshot(

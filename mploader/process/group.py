@@ -108,6 +108,9 @@ class WorkerGroup:
         self.waiter = Waiter()
         self.handles: list[WorkerHandle] = []
         self.closed = False
+        # Workers still running when shutdown began that did not exit cleanly (terminated,
+        # killed, crashed): nobody has heard of their end, and what they held outlives them.
+        self.unclean_exits: list[WorkerHandle] = []
         self._by_fd: dict[int, tuple[str, WorkerHandle]] = {}
         self._lock = threading.Lock()
         # Held by whoever waits on the workers.  Shutdown holds it throughout, so that another
@@ -376,10 +379,12 @@ class WorkerGroup:
         return drained
 
     def _stop_workers(self, urgent: bool, drained: list[Event]) -> None:
+        running: list[WorkerHandle] = []
         try:
             for handle in self.handles:
                 if handle.pid is None:  # prepared, never started (a start failed or never came)
                     handle.ended = True
+            running = [handle for handle in self.handles if not handle.ended]
             for handle in self.handles:
                 if not handle.ended:
                     handle.state = WorkerState.STOPPING
@@ -402,6 +407,7 @@ class WorkerGroup:
                     handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
         finally:
             self._release_resources()
+            self.unclean_exits = [handle for handle in running if handle.process.exitcode != 0]
 
     def _wait_for_exits(self, seconds: float, drained: list[Event]) -> None:
         deadline = time.monotonic() + seconds

@@ -74,7 +74,8 @@ class WorkerHooks:
 
     def on_worker_died(self, worker_id: int, pid: int | None) -> None:
         """In the main process, when a worker died without a graceful exit (killed, crashed),
-        before a replacement starts: release what it could not (sessions it left open)."""
+        before a replacement starts, or when the loader's shutdown had to terminate or kill it
+        (stuck in an item): release what it could not (sessions it left open)."""
 
 
 class _SessionSlot:

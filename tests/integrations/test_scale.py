@@ -11,6 +11,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -207,6 +208,33 @@ def test_a_sigkilled_workers_sessions_are_gone_after_the_epoch(
     assert wait_for(lambda: session_ids(nebula_admin) == before)
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """``worker_init_fn`` of a worker that only SIGKILL ends."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("worker_init_fn", [None, _ignore_sigterm],
+                         ids=["sigterm-ends-it", "sigterm-ignored-sigkill-ends-it"])
+def test_sessions_of_workers_the_shutdown_had_to_kill_are_signed_out(
+    nebula_server: NebulaTarget, nebula_admin: Any, worker_init_fn: Any
+) -> None:
+    """Workers stuck in an item (60 s) with their sessions open when the loader stops (here
+    its ``timeout``): the shutdown terminates or kills them, and their sessions go with them."""
+    before = session_ids(nebula_admin)
+    loader = mploader.DataLoader(
+        QueryThenSleep(64, delay=60.0), batch_size=2, num_workers=2, worker_threads=2,
+        timeout=1, worker_init_fn=worker_init_fn, worker_hooks=nebula_server.hooks(),
+        multiprocessing_context="fork",
+    )
+    iterator = iter(loader)
+    workers = [process.pid for process in iterator._workers]
+    assert wait_for(lambda: len(session_ids(nebula_admin) - before) >= 2, timeout=20)
+    with pytest.raises(RuntimeError, match="timed out"):
+        next(iterator)
+    assert not any(psutil.pid_exists(pid) for pid in workers)
+    assert wait_for(lambda: not session_ids(nebula_admin) - before, timeout=3)
+
+
 def _run_and_get_killed(address: str, ready: Any) -> None:
     """A main process whose workers are mid-statement when it is SIGKILLed."""
     hooks = NebulaHooks([address], space=citation.CITATION_SPACE)
@@ -381,8 +409,8 @@ def test_ranks_x_workers_x_threads_over_the_cap_see_every_sample_once(
         try:
             with admin.watch():
                 processes = [
-                    context.Process(target=_rank,
-                                    args=(server.address, rank, ranks, threads, items, delay, results))
+                    context.Process(target=_rank, args=(server.address, rank, ranks, threads,
+                                                        items, delay, results))
                     for rank in range(ranks)
                 ]
                 for process in processes:
