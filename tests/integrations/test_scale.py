@@ -29,6 +29,7 @@ from mploader.integrations.nebula import (
     NebulaFeatureStore,
     NebulaHooks,
     NebulaQueryError,
+    NebulaSessionLimitError,
     split_id_statements,
 )
 from nebula_testing import citation
@@ -188,6 +189,40 @@ def test_a_cap_of_24_with_128_threads_slows_down_instead_of_failing(
         assert wait_for(lambda: not admin.others())
     finally:
         admin.close()
+
+
+def test_no_session_at_all_within_retry_seconds_is_a_session_limit_error() -> None:
+    """graphd's cap of 1 is held by another client (the admin): a worker cannot get even one
+    session, so after ``retry_seconds`` the loader fails, naming the cap, what this host holds
+    and the ways out; nothing is left running."""
+    with _server(max_sessions_per_ip_per_user=1) as server:
+        admin = _Admin(server.address)  # the only session graphd allows this user and IP
+        try:
+            servers = {child.pid for child in psutil.Process().children()}
+            loader = mploader.DataLoader(
+                YieldPerFetchThread(16, delay=0.0), batch_size=4, num_workers=2,
+                worker_threads=2, worker_hooks=_hooks(server, retry_seconds=1),
+                multiprocessing_context="fork",
+            )
+            started = time.monotonic()
+            with pytest.raises(NebulaSessionLimitError) as caught:
+                list(loader)
+            assert time.monotonic() - started < 1 + 10
+            message = str(caught.value)
+            assert f"no session on NebulaGraph at {server.address}" in message
+            assert "within 1 s" in message
+            assert "max_sessions_per_ip_per_user" in message  # the cap...
+            assert "the threshold is 1" in message  # ...as graphd refused it
+            assert "hold 0 of its budget of 240 sessions" in message  # this host's sessions
+            assert "Ways out" in message and "KILL SESSION" in message
+            del loader, caught
+            gc.collect()
+            assert wait_for(
+                lambda: {child.pid for child in psutil.Process().children()} <= servers,
+                timeout=10)
+            assert not admin.others()
+        finally:
+            admin.close()
 
 
 # ----------------------------------------------------------------------------- releasing
