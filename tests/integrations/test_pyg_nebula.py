@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from mploader.integrations.nebula.pyg import (
     homogeneous_schema,
     put_graph,
 )
+from mploader.integrations.nebula.pyg.schema import EdgeType
 from mploader.integrations.nebula.statements import split_id_statements
 from nebula_testing import citation
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
@@ -176,6 +179,142 @@ def global_edges(batch: Any, edge_type: Any, hetero: bool) -> set[tuple[Any, int
     }
 
 
+# ----------------------------------------------------------------------------- both graphs
+
+Fanout = list[int] | dict[EdgeType, list[int]]
+Edges = dict[EdgeType, tuple[torch.Tensor, torch.Tensor, list[int]]]  # row, col, per hop
+
+# Per kind of graph, the fan-out the workers test samples with: for the heterogeneous graph a
+# num_neighbors dict keyed by edge type (as PyG's NeighborSampler takes it).
+WORKER_FANOUT: dict[str, Fanout] = {
+    "homogeneous": [3, 2],
+    "heterogeneous": {WRITES: [2, 1], REV_WRITES: [1, 2], CITES: [1, 3]},
+}
+
+
+@dataclass
+class GraphCase:
+    """One of the test graphs: its stores, and the same graph in memory (the oracle)."""
+
+    schema: GraphSchema
+    hooks: NebulaHooks
+    stores: tuple[NebulaFeatureStore, NebulaGraphStore]
+    attributes: dict[str, dict[str, torch.Tensor]]  # node type -> PyG attribute -> every row
+    edges: dict[EdgeType, np.ndarray]  # (2, E) per-type indices, in PyG's direction
+    input_type: str
+    num_inputs: int
+
+    @property
+    def hetero(self) -> bool:
+        return self.schema.is_hetero
+
+    def input_nodes(self, count: int) -> Any:
+        seeds = torch.arange(min(count, self.num_inputs))
+        return (self.input_type, seeds) if self.hetero else seeds
+
+    def sampler_input(self, seeds: torch.Tensor) -> NodeSamplerInput:
+        return NodeSamplerInput(
+            input_id=None, node=seeds, input_type=self.input_type if self.hetero else None
+        )
+
+    def fanouts(self, fanout: Fanout) -> dict[EdgeType, list[int]]:
+        if isinstance(fanout, dict):
+            return {edge_type: fanout[edge_type] for edge_type in self.edges}
+        return {edge_type: fanout for edge_type in self.edges}
+
+
+def graph_case(request: pytest.FixtureRequest, kind: str) -> GraphCase:
+    """The citation graph (``Data``) or the author/paper graph (``HeteroData``)."""
+    if kind == "homogeneous":
+        schema, hooks, stores = request.getfixturevalue("citation_stores")
+        graph = request.getfixturevalue("nebula_server").graph
+        attributes = {"x": torch.from_numpy(graph.features), "y": torch.from_numpy(graph.labels)}
+        edges = {CITES: np.stack([graph.edge_src, graph.edge_dst])}
+        return GraphCase(schema, hooks, stores, {"paper": attributes}, edges, "paper",
+                         graph.num_nodes)
+    schema, hooks, stores, data = request.getfixturevalue("hetero_stores")
+    attributes = {tag: {name: data[tag][name] for name in data[tag]}
+                  for tag in ("author", "paper")}
+    writes = data[WRITES].edge_index.numpy()
+    edges = {WRITES: writes, REV_WRITES: writes[::-1], CITES: data[CITES].edge_index.numpy()}
+    return GraphCase(schema, hooks, stores, attributes, edges, "paper", PAPERS)
+
+
+def sample_parts(out: Any, case: GraphCase) -> tuple[dict[str, torch.Tensor], Edges]:
+    """A ``SamplerOutput`` / ``HeteroSamplerOutput`` as per-type nodes and edges."""
+    if case.hetero:
+        edges = {edge_type: (out.row[edge_type], out.col[edge_type],
+                             list(out.num_sampled_edges[edge_type])) for edge_type in case.edges}
+        return dict(out.node), edges
+    return {"paper": out.node}, {CITES: (out.row, out.col, list(out.num_sampled_edges))}
+
+
+def batch_parts(batch: Any, case: GraphCase) -> tuple[dict[str, Any], Edges]:
+    """A loader's batch as per-type node storages (``n_id``, ``x``, ...) and edges."""
+    if case.hetero:
+        nodes = {tag: batch[tag] for tag in case.attributes}
+        views = {edge_type: batch[edge_type] for edge_type in case.edges}
+    else:
+        nodes, views = {"paper": batch}, {CITES: batch}
+    edges = {edge_type: (view.edge_index[0], view.edge_index[1], list(view.num_sampled_edges))
+             for edge_type, view in views.items()}
+    return nodes, edges
+
+
+def node_ids(nodes: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {tag: storage.n_id for tag, storage in nodes.items()}
+
+
+def sample_errors(
+    case: GraphCase, nodes: dict[str, torch.Tensor], edges: Edges,
+    fanouts: dict[EdgeType, list[int]],
+) -> int:
+    """Wrong answers in one sample: an edge the graph does not have, or, in some hop, a node
+    with more than k neighbours over an edge type."""
+    wrong = 0
+    for edge_type, (row, col, counts) in edges.items():
+        existing = set(zip(*case.edges[edge_type].tolist(), strict=True))
+        sources, destinations = nodes[edge_type[0]], nodes[edge_type[2]]
+        pairs = set(zip(sources[row].tolist(), destinations[col].tolist(), strict=True))
+        wrong += not pairs <= existing
+        wrong += len(counts) != len(fanouts[edge_type])
+        for k, hop in zip(fanouts[edge_type], torch.split(col, counts), strict=True):
+            wrong += k >= 0 and len(hop) > 0 and int(torch.bincount(hop).max()) > k
+    return wrong
+
+
+def truncated_neighbourhoods(
+    case: GraphCase, nodes: dict[str, torch.Tensor], edges: Edges,
+    fanouts: dict[EdgeType, list[int]],
+) -> int:
+    """How many (hop, edge type, node) had more than k neighbours in the graph."""
+    truncated = 0
+    for edge_type, (_, col, counts) in edges.items():
+        in_degree = Counter(case.edges[edge_type][1].tolist())
+        for k, hop in zip(fanouts[edge_type], torch.split(col, counts), strict=True):
+            ends = nodes[edge_type[2]][hop.unique()].tolist()
+            truncated += sum(k >= 0 and in_degree[end] > k for end in ends)
+    return truncated
+
+
+def attribute_errors(case: GraphCase, nodes: dict[str, Any]) -> int:
+    """Attributes of a batch that differ from the in-memory graph's rows of its ``n_id``."""
+    return sum(
+        not torch.equal(nodes[tag][name], values[nodes[tag].n_id])
+        for tag, attributes in case.attributes.items()
+        for name, values in attributes.items()
+    )
+
+
+def same_sample(first: tuple[dict[str, Any], Edges], second: tuple[dict[str, Any], Edges]) -> bool:
+    (nodes, edges), (other_nodes, other_edges) = first, second
+    return all(torch.equal(nodes[tag], other_nodes[tag]) for tag in nodes) and all(
+        torch.equal(edges[key][0], other_edges[key][0])
+        and torch.equal(edges[key][1], other_edges[key][1])
+        for key in edges
+    )
+
+
 # ----------------------------------------------------------------------------- tests
 
 
@@ -226,37 +365,36 @@ def test_full_fanout_matches_the_in_memory_reference_heterogeneous(hetero_stores
     sampler.close()
 
 
-@pytest.mark.parametrize("fanout", [[2, 3], [1, 1]])
+@pytest.mark.parametrize(
+    ("kind", "fanout"),
+    [
+        ("homogeneous", [2, 3]),
+        ("homogeneous", [1, 1]),
+        ("heterogeneous", [1, 2]),
+        ("heterogeneous", {WRITES: [1, 2], REV_WRITES: [2, 1], CITES: [1, 0]}),
+    ],
+    ids=["homogeneous-2-3", "homogeneous-1-1", "heterogeneous-1-2", "heterogeneous-per-edge-type"],
+)
 def test_fanout_keeps_real_edges_and_at_most_k_per_node_reproducibly(
-    nebula_server: NebulaTarget, citation_stores: Any, fanout: list[int]
+    request: pytest.FixtureRequest, kind: str, fanout: Fanout
 ) -> None:
-    schema, hooks, _ = citation_stores
-    graph = nebula_server.graph
-    existing = set(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
-    sampler = NebulaNeighborSampler(schema, hooks, fanout, seed=5)
-    truncated = 0
-    for start in range(0, 300, 60):
-        seeds = torch.arange(start, start + 60)
-        inputs = NodeSamplerInput(input_id=None, node=seeds)
-        out = sampler.sample_from_nodes(inputs)
-        again = sampler.sample_from_nodes(inputs)
-        assert torch.equal(out.node, again.node) and torch.equal(out.row, again.row)
-        assert torch.equal(out.col, again.col)
-        first = 0
-        for hop, count in enumerate(out.num_sampled_edges):
-            row, col = out.row[first : first + count], out.col[first : first + count]
-            first += count
-            pairs = {(int(out.node[s]), int(out.node[d])) for s, d in zip(row, col, strict=True)}
-            assert pairs <= existing
-            if count:
-                assert int(torch.bincount(col).max()) <= fanout[hop]
-            in_degree = np.bincount(graph.edge_dst, minlength=300)
-            truncated += int((in_degree[out.node[col.unique()].numpy()] > fanout[hop]).sum())
+    case = graph_case(request, kind)
+    fanouts = case.fanouts(fanout)
+    sampler = NebulaNeighborSampler(case.schema, case.hooks, fanout, seed=5)
+    wrong = truncated = 0
+    chunk = case.num_inputs // 5
+    for start in range(0, case.num_inputs, chunk):
+        inputs = case.sampler_input(torch.arange(start, start + chunk))
+        out = sample_parts(sampler.sample_from_nodes(inputs), case)
+        assert same_sample(out, sample_parts(sampler.sample_from_nodes(inputs), case))
+        wrong += sample_errors(case, *out, fanouts)
+        truncated += truncated_neighbourhoods(case, *out, fanouts)
+    assert wrong == 0
     assert truncated > 0  # the fan-out really cut some neighbourhoods
-    other = NebulaNeighborSampler(schema, hooks, fanout, seed=6)
-    inputs = NodeSamplerInput(input_id=None, node=torch.arange(0, 60))
-    mine, theirs = sampler.sample_from_nodes(inputs), other.sample_from_nodes(inputs)
-    assert not torch.equal(mine.node, theirs.node)  # another seed, another sample
+    other = NebulaNeighborSampler(case.schema, case.hooks, fanout, seed=6)
+    inputs = case.sampler_input(torch.arange(case.num_inputs))
+    mine = sample_parts(sampler.sample_from_nodes(inputs), case)
+    assert not same_sample(mine, sample_parts(other.sample_from_nodes(inputs), case))
     sampler.close()
     other.close()
 
@@ -403,20 +541,30 @@ def test_fetch_and_go_are_split_below_the_servers_query_size_limit(
         store.close()
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+# The heterogeneous graph under fork and spawn only: forkserver hands the loader to its workers
+# pickled, as spawn does (the homogeneous runs cover all three), and each costs ~3 s.
+@pytest.mark.parametrize(
+    ("kind", "start_method"),
+    [
+        ("homogeneous", "fork"),
+        ("homogeneous", "spawn"),
+        ("homogeneous", "forkserver"),
+        ("heterogeneous", "fork"),
+        ("heterogeneous", "spawn"),
+    ],
+)
 def test_loader_on_mploader_workers_and_threads(
-    nebula_server: NebulaTarget, nebula_admin: Any, citation_stores: Any, start_method: str
+    request: pytest.FixtureRequest, nebula_admin: Any, kind: str, start_method: str
 ) -> None:
-    schema, hooks, stores = citation_stores
-    graph = nebula_server.graph
-    existing = set(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    case = graph_case(request, kind)
+    fanouts = case.fanouts(WORKER_FANOUT[kind])
     before = session_ids(nebula_admin)
-    sampler = NebulaNeighborSampler(schema, hooks, [3, 2])
+    sampler = NebulaNeighborSampler(case.schema, case.hooks, WORKER_FANOUT[kind])
 
     def run() -> list[Any]:
         loader = NebulaNodeLoader(
-            stores, sampler, input_nodes=torch.arange(120), batch_size=10, shuffle=True,
-            num_workers=2, worker_threads=3, worker_hooks=hooks,
+            case.stores, sampler, input_nodes=case.input_nodes(120), batch_size=10,
+            shuffle=True, num_workers=2, worker_threads=3, worker_hooks=case.hooks,
             multiprocessing_context=start_method, generator=torch.Generator().manual_seed(1),
         )
         with mploader.install():
@@ -426,17 +574,19 @@ def test_loader_on_mploader_workers_and_threads(
     wrong = 0
     seen: list[int] = []
     for batch in batches:
-        ids = batch.n_id.numpy()
-        wrong += not torch.equal(batch.x, torch.from_numpy(graph.features[ids]))
-        wrong += not torch.equal(batch.y, torch.from_numpy(graph.labels[ids]))
-        pairs = {(int(ids[s]), int(ids[d])) for s, d in batch.edge_index.t().tolist()}
-        wrong += not pairs <= existing
-        seen += batch.n_id[: batch.batch_size].tolist()
+        nodes, edges = batch_parts(batch, case)
+        wrong += attribute_errors(case, nodes)
+        wrong += sample_errors(case, node_ids(nodes), edges, fanouts)
+        seeds = nodes[case.input_type]
+        seen += seeds.n_id[: seeds.batch_size].tolist()
     assert wrong == 0
-    assert sorted(seen) == list(range(120))
+    assert sorted(seen) == list(range(min(120, case.num_inputs)))
     again = run()  # same generator: same batches and the same sampled neighbours
-    assert all(torch.equal(a.edge_index, b.edge_index) and torch.equal(a.n_id, b.n_id)
-               for a, b in zip(batches, again, strict=True))
+    for first, second in zip(batches, again, strict=True):
+        (nodes, edges), (other_nodes, other_edges) = batch_parts(first, case), batch_parts(
+            second, case
+        )
+        assert same_sample((node_ids(nodes), edges), (node_ids(other_nodes), other_edges))
     assert wait_for(lambda: session_ids(nebula_admin) == before)  # every session signed out
 
 
