@@ -637,6 +637,87 @@ def test_plain_node_loader_takes_worker_hooks_and_threads_set_as_attributes(
     sampler.close()
 
 
+class OwnSessionRecordingHooks(NebulaHooks):
+    """``NebulaHooks`` whose ``open_session`` (a store's own, per-process session) appends
+    ``label pid session-id`` to a file."""
+
+    def __init__(self, hooks: NebulaHooks, record: Path, label: str) -> None:
+        super().__init__(hooks.addresses, hooks.user, hooks.password, hooks.space)
+        self.record = record
+        self.label = label
+
+    def open_session(self) -> Any:
+        session = super().open_session()
+        with self.record.open("a") as record:
+            record.write(f"{self.label} {os.getpid()} {session.session_id}\n")
+        return session
+
+
+@pytest.mark.parametrize("loader_class", ["NodeLoader", "NebulaNodeLoader"])
+def test_a_main_process_session_never_crosses_a_fork(
+    nebula_server: NebulaTarget, nebula_admin: Any, tmp_path: Path, loader_class: str
+) -> None:
+    """The feature store signs in in the parent; forked workers with no ``worker_hooks`` leave
+    that session alone, sign in on their own and sign out at exit."""
+    from torch_geometric.loader import NodeLoader
+
+    graph = nebula_server.graph
+    record = tmp_path / "sessions"
+    schema = citation_schema(nebula_server.feature_dim)
+
+    def hooks(label: str) -> NebulaHooks:
+        return OwnSessionRecordingHooks(nebula_server.hooks(), record, label)
+
+    feature_store = NebulaFeatureStore(schema, hooks("features"))
+    graph_store = NebulaGraphStore(schema, hooks("graph"))
+    sampler = NebulaNeighborSampler(schema, hooks("sampler"), [2, 2])
+    some = torch.tensor([4, 0, 9])
+    assert torch.equal(feature_store.get_tensor("paper", "x", index=some),
+                       torch.from_numpy(graph.features[some.numpy()]))
+    parent = feature_store.session()
+    parent_id = parent.session_id
+    before = session_ids(nebula_admin)
+    assert parent_id in before
+
+    arguments: dict[str, Any] = {
+        "input_nodes": torch.arange(60), "batch_size": 10, "num_workers": 2,
+        "multiprocessing_context": "fork",
+    }
+    if loader_class == "NodeLoader":
+        loader: Any = NodeLoader((feature_store, graph_store), sampler, **arguments)
+    else:
+        loader = NebulaNodeLoader((feature_store, graph_store), sampler, worker_threads=2,
+                                  **arguments)
+    with mploader.install():
+        batches = list(loader)
+    wrong = 0
+    for batch in batches:
+        ids = batch.n_id.numpy()
+        wrong += not torch.equal(batch.x, torch.from_numpy(graph.features[ids]))
+        wrong += not torch.equal(batch.y, torch.from_numpy(graph.labels[ids]))
+    assert wrong == 0 and len(batches) == 6
+
+    made = [line.split() for line in record.read_text().splitlines()]
+    assert [(label, int(pid)) for label, pid, _ in made if int(pid) == os.getpid()] == [
+        ("features", os.getpid())
+    ]  # the parent signed in once, for its own feature store
+    workers = {int(pid) for _, pid, _ in made} - {os.getpid()}
+    assert len(workers) == 2
+    for worker in workers:  # each worker signed in for its own feature store and sampler
+        labels = sorted(label for label, pid, _ in made if int(pid) == worker)
+        assert labels == ["features", "sampler"], made
+    assert str(parent_id) not in {session for _, pid, session in made if int(pid) in workers}
+
+    assert wait_for(lambda: session_ids(nebula_admin) == before)  # the workers signed out
+    assert feature_store.session() is parent  # the parent's session is untouched, still works
+    assert torch.equal(feature_store.get_tensor("paper", "y", index=some),
+                       torch.from_numpy(graph.labels[some.numpy()]))
+    assert parent.session_id == parent_id and parent.reconnects == 0
+    for store in (feature_store, graph_store, sampler):
+        store.close()
+    assert wait_for(lambda: parent_id not in session_ids(nebula_admin))
+
+
 def test_worker_threads_need_mploader_installed(citation_stores: Any) -> None:
     schema, hooks, stores = citation_stores
     sampler = NebulaNeighborSampler(schema, hooks, [2])
