@@ -24,6 +24,11 @@ def _current_worker_session() -> Any:
 class NebulaFeatureStore:
     """Node features, labels and neighbours from NebulaGraph, in the spirit of nebula-pyg.
 
+    This is mploader's own store for plain torch datasets (``mploader.integrations.nebula``),
+    not a PyG class.  PyG's remote backend (a ``torch_geometric.data.FeatureStore`` for
+    ``NodeLoader``) is the other class of the same name,
+    :class:`mploader.integrations.nebula.pyg.NebulaFeatureStore`.
+
     Vertices have INT64 ids and a tag with a feature string (:data:`FEATURE_ENCODING`) and an
     integer label.  Statements go through ``session()`` (default: ``mploader.worker_session()``,
     so each DataLoader worker uses its own session, and ``num_workers=0`` uses the main

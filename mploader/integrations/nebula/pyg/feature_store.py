@@ -27,6 +27,11 @@ FETCH_BATCH = 2048  # vertices per FETCH: a 2048 x 128-float answer is about 1.4
 class NebulaFeatureStore(FeatureStore):
     """Node attributes of a :class:`GraphSchema` read from (and written to) NebulaGraph.
 
+    This is PyG's ``torch_geometric.data.FeatureStore`` (``mploader.integrations.nebula.pyg``),
+    for ``NodeLoader((feature_store, graph_store), ...)``.  The other class of the same name,
+    :class:`mploader.integrations.nebula.NebulaFeatureStore`, is mploader's own store for plain
+    torch datasets (no PyG): ``fetch`` (features and labels) and ``neighbors`` by vid.
+
     ``group_name`` is the tag (node type), ``attr_name`` a PyG attribute (``x``, ``y``), ``index``
     PyG node indices of that type (vid = the type's ``vid_offset`` + index).
     :meth:`multi_get_tensor` answers every attribute of a batch with one ``FETCH`` per tag
