@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,9 @@ class PoolStatistics:
     stale_releases: int
     spills: int
 
-    def to_tuple(self) -> tuple:
-        """The compact form carried in every message."""
-        return tuple(getattr(self, field.name) for field in fields(self))
-
     @classmethod
     def from_tuple(cls, values: tuple) -> PoolStatistics:
+        """From the compact form every message carries (the fields in order)."""
         return cls(*values)
 
 
