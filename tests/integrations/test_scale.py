@@ -30,8 +30,10 @@ from mploader.integrations.nebula import (
     NebulaHooks,
     NebulaQueryError,
     NebulaSessionLimitError,
+    PooledSession,
     split_id_statements,
 )
+from mploader.integrations.nebula.budget import HostSessionBudget
 from nebula_testing import citation
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
 from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
@@ -50,7 +52,11 @@ def _server(**rules: Any) -> NebulaServerProcess:
 
 
 def _hooks(server: NebulaServerProcess, **overrides: Any) -> NebulaHooks:
-    return NebulaHooks([server.address], space=citation.CITATION_SPACE, **overrides)
+    return _hooks_at(server.address, **overrides)
+
+
+def _hooks_at(address: str, **overrides: Any) -> NebulaHooks:
+    return NebulaHooks([address], space=citation.CITATION_SPACE, **overrides)
 
 
 class _Admin:
@@ -223,6 +229,27 @@ def test_no_session_at_all_within_retry_seconds_is_a_session_limit_error() -> No
             assert not admin.others()
         finally:
             admin.close()
+
+
+def test_one_graphd_spelled_two_ways_has_one_budget(capped: NebulaServerProcess) -> None:
+    """"localhost:P" and "127.0.0.1:P" are one graphd, whose cap counts both: they share one
+    budget (here of 1 session), as does an address list in another order."""
+    port = capped.port
+    by_name = _hooks_at(f"localhost:{port}", session_budget=1, retry_seconds=0.5)
+    by_ip = _hooks_at(f"127.0.0.1:{port}", session_budget=1, retry_seconds=0.5)
+    holder = PooledSession(by_name.session_pool())
+    try:
+        assert holder.session_id is not None  # takes the budget's only slot
+        with pytest.raises(NebulaSessionLimitError, match="hold 1 of its budget of 1 sessions"):
+            PooledSession(by_ip.session_pool()).session_id  # noqa: B018
+    finally:
+        holder.close()
+    assert PooledSession(by_ip.session_pool()).session_id is not None  # the slot is free again
+    by_ip.session_pool().close()
+    listed = HostSessionBudget("root", [("localhost", port), ("127.0.0.2", 9669)], 1)
+    reordered = HostSessionBudget("root", [("127.0.0.2", 9669), ("127.0.0.1", port)], 1)
+    assert listed.directory == reordered.directory
+    assert HostSessionBudget("root", [("127.0.0.1", port + 1)], 1).directory != listed.directory
 
 
 # ----------------------------------------------------------------------------- releasing

@@ -3,8 +3,9 @@
 graphd caps live sessions per user and client IP (``max_sessions_per_ip_per_user``, 300 by
 default), and every rank, worker and loader of a job on one host shares that cap.  This module
 keeps them under it without a coordinator: the budget is ``budget`` *slot files* in a directory
-of this OS user's (one directory per graphd user and address list), and a session may exist only
-while its process holds a slot's ``flock``.
+of this OS user's (one directory per graphd user and graphd cluster: its addresses resolved to
+IPs and sorted, so that ``localhost:9669`` and ``127.0.0.1:9669`` share one), and a session may
+exist only while its process holds a slot's ``flock``.
 
 * **Acquire.**  Try ``flock(LOCK_EX | LOCK_NB)`` on the slots, from a random one; the first free
   slot is ours.  None free: the host is at its budget (the caller waits for a session of its own).
@@ -33,9 +34,10 @@ import fcntl
 import hashlib
 import os
 import random
+import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,18 +118,33 @@ class SessionSlot:
                 os.close(fd)
 
 
+def cluster_key(addresses: Sequence[tuple[str, int]]) -> str:
+    """One graphd cluster however its addresses are spelled: each host resolved to the IPv4
+    address nebula3 connects to (``localhost`` and ``127.0.0.1`` are one graphd, whose cap
+    counts both), duplicates dropped, sorted.  A host that does not resolve keeps its name."""
+    resolved = {(_resolve(host), port) for host, port in addresses}
+    return ", ".join(f"{host}:{port}" for host, port in sorted(resolved))
+
+
+def _resolve(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)  # as nebula3's ConnectionPool does
+    except OSError:
+        return host
+
+
 class HostSessionBudget:
     """``budget`` slots shared by every process of this OS user for one graphd user and
-    address list (see the module doc)."""
+    graphd cluster (its addresses, however spelled: :func:`cluster_key`; see the module doc)."""
 
-    def __init__(self, user: str, addresses: str, budget: int) -> None:
+    def __init__(self, user: str, addresses: Sequence[tuple[str, int]], budget: int) -> None:
         if budget < 1:
             raise ValueError(f"the session budget must be >= 1, got {budget}")
         self.budget = budget
-        key = hashlib.sha1(f"{user}@{addresses}".encode()).hexdigest()[:16]
+        self.addresses = cluster_key(addresses)
+        key = hashlib.sha1(f"{user}@{self.addresses}".encode()).hexdigest()[:16]
         self.directory = budget_root() / key
         self.user = user
-        self.addresses = addresses
 
     def _ensure_directory(self) -> None:
         _private_dir(self.directory.parent)

@@ -46,8 +46,9 @@ class NebulaHooks(WorkerHooks):
 
     A worker's fetch threads share its sessions (:mod:`.pool`): ``worker_session()`` gives each
     thread a handle that borrows a session per statement.  ``session_budget``: the most sessions
-    all processes of this OS user on this host hold at once for this graphd user and address
-    list (:mod:`.budget`; default 240, under graphd's default cap of 300).  ``retry_seconds``:
+    all processes of this OS user on this host hold at once for this graphd user and cluster
+    (its addresses however spelled, :mod:`.budget`; default 240, under graphd's default cap of
+    300).  ``retry_seconds``:
     how long a statement is retried with backoff while graphd is unreachable (default 60 s: a
     restart), and how long a process waits for its first session.
     """
@@ -119,8 +120,7 @@ class NebulaHooks(WorkerHooks):
     def on_worker_died(self, worker_id: int, pid: int | None) -> None:
         """In the main process: sign out the sessions dead processes left on graphd (their
         budget slots name them; the kernel freed the slots' locks when they died)."""
-        budget = HostSessionBudget(self.user, describe_addresses(self.addresses),
-                                   self.session_budget)
+        budget = HostSessionBudget(self.user, self.addresses, self.session_budget)
         swept = sweep_stale_sessions(budget)
         if swept:
             _log.info("signed out %d sessions left by worker %d (pid %s)", swept, worker_id, pid)

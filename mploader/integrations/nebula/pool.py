@@ -106,7 +106,7 @@ class SessionPool:
         self.settings = settings
         self.pid = os.getpid()
         self.budget = HostSessionBudget(
-            settings.user, settings.where, settings.session_budget
+            settings.user, settings.addresses, settings.session_budget
         )
         self.closed = False
         self.renewals = 0  # sessions graphd forgot and the pool replaced
