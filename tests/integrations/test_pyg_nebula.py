@@ -718,6 +718,15 @@ def test_a_main_process_session_never_crosses_a_fork(
     assert wait_for(lambda: parent_id not in session_ids(nebula_admin))
 
 
+def test_each_nebula_feature_store_says_which_it_is_and_names_the_other() -> None:
+    """Two public classes are called ``NebulaFeatureStore``: their docstrings tell them apart."""
+    from mploader.integrations.nebula import NebulaFeatureStore as TorchStore
+
+    assert "mploader.integrations.nebula.pyg.NebulaFeatureStore" in (TorchStore.__doc__ or "")
+    assert "mploader.integrations.nebula.NebulaFeatureStore" in (NebulaFeatureStore.__doc__ or "")
+    assert "torch_geometric.data.FeatureStore" in (NebulaFeatureStore.__doc__ or "")
+
+
 def test_worker_threads_need_mploader_installed(citation_stores: Any) -> None:
     schema, hooks, stores = citation_stores
     sampler = NebulaNeighborSampler(schema, hooks, [2])
