@@ -718,6 +718,32 @@ def test_a_main_process_session_never_crosses_a_fork(
     assert wait_for(lambda: parent_id not in session_ids(nebula_admin))
 
 
+def test_torchs_own_workers_sign_their_store_sessions_out_at_exit(
+    nebula_server: NebulaTarget, nebula_admin: Any, citation_stores: Any
+) -> None:
+    """Without ``mploader.install()`` a ``NodeLoader`` runs on torch's iterator, whose workers
+    know nothing of mploader: the sessions the stores open there are still signed out when the
+    worker exits (else each worker of each epoch leaves them on graphd until its idle timeout,
+    8 h, counted against its cap of 300 per user and host).  Fork only: a spawned worker exits
+    through the same multiprocessing code."""
+    from torch_geometric.loader import NodeLoader
+
+    schema, hooks, stores = citation_stores
+    graph = nebula_server.graph
+    before = session_ids(nebula_admin)
+    sampler = NebulaNeighborSampler(schema, hooks, [2, 2])
+    loader = NodeLoader(stores, sampler, input_nodes=torch.arange(40), batch_size=10,
+                        num_workers=2, multiprocessing_context="fork")
+    assert not mploader.is_installed()
+    batches = list(loader)
+    assert len(batches) == 4 and all(
+        torch.equal(batch.x, torch.from_numpy(graph.features[batch.n_id.numpy()]))
+        for batch in batches
+    )
+    assert wait_for(lambda: session_ids(nebula_admin) == before, timeout=5)
+    sampler.close()
+
+
 def test_each_nebula_feature_store_says_which_it_is_and_names_the_other() -> None:
     """Two public classes are called ``NebulaFeatureStore``: their docstrings tell them apart."""
     from mploader.integrations.nebula import NebulaFeatureStore as TorchStore

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from multiprocessing.util import Finalize
 from typing import Any
 
 from mploader.integrations.nebula.errors import NebulaQueryError
@@ -22,15 +25,24 @@ class SessionSource:
     the thread's own session.  Anywhere else (the main process: building a loader, ``csc()``,
     loading data): one session of this process, built on first use by ``hooks`` and dropped
     unclosed in a forked child (:class:`~mploader.ProcessLocal`), so it never crosses a fork.
+
+    In a child process (a worker of torch's own iterator, without ``mploader.install()``, knows
+    nothing of mploader, which closes a worker's ``ProcessLocal`` values at its exit) the session
+    is also signed out when the process exits through ``multiprocessing``, as torch's workers
+    do: else each worker of each epoch would leave it on graphd for its idle timeout (8 h).
     """
 
     def __init__(self, hooks: NebulaHooks) -> None:
         self.hooks = hooks
         self._own: ProcessLocal[NebulaSession] = ProcessLocal(hooks.open_session, close=_close)
+        self._closed_at_exit_of: int | None = None  # the pid whose exit closes _own
 
     def __call__(self) -> Any:
         if hooks_active():
             return worker_session()
+        if self._closed_at_exit_of != os.getpid() and multiprocessing.parent_process() is not None:
+            self._closed_at_exit_of = os.getpid()
+            Finalize(self, self._own.close, exitpriority=0)  # idempotent: mploader's may be first
         return self._own.get()
 
     def close(self) -> None:
