@@ -265,6 +265,11 @@ def node_ids(nodes: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {tag: storage.n_id for tag, storage in nodes.items()}
 
 
+def batch_sample(batch: Any, case: GraphCase) -> tuple[dict[str, torch.Tensor], Edges]:
+    nodes, edges = batch_parts(batch, case)
+    return node_ids(nodes), edges
+
+
 def sample_errors(
     case: GraphCase, nodes: dict[str, torch.Tensor], edges: Edges,
     fanouts: dict[EdgeType, list[int]],
@@ -582,11 +587,8 @@ def test_loader_on_mploader_workers_and_threads(
     assert wrong == 0
     assert sorted(seen) == list(range(min(120, case.num_inputs)))
     again = run()  # same generator: same batches and the same sampled neighbours
-    for first, second in zip(batches, again, strict=True):
-        (nodes, edges), (other_nodes, other_edges) = batch_parts(first, case), batch_parts(
-            second, case
-        )
-        assert same_sample((node_ids(nodes), edges), (node_ids(other_nodes), other_edges))
+    assert all(same_sample(batch_sample(first, case), batch_sample(second, case))
+               for first, second in zip(batches, again, strict=True))
     assert wait_for(lambda: session_ids(nebula_admin) == before)  # every session signed out
 
 
