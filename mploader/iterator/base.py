@@ -19,18 +19,18 @@ class BaseIterator:
 
     def __init__(self, loader: Any, settings: LoaderSettings) -> None:
         self._loader_settings = settings
-        self._dataset = settings.dataset
+        self._dataset = settings.fetch.dataset  # torch's attribute names, for code that reads them
         # A datapipe's shared seed is drawn first, as torch does (mploader.iterator.datapipes).
         self._world_size, self._rank = distributed_settings()
         self._shared_seeds = SharedSeeds(self._dataset)
         self._shared_seed = self._shared_seeds.next_epoch(settings.generator)
-        self._is_iterable = settings.is_iterable
-        self._auto_collation = settings.auto_collation
-        self._drop_last = settings.drop_last
+        self._is_iterable = settings.fetch.is_iterable
+        self._auto_collation = settings.fetch.auto_collation
+        self._drop_last = settings.fetch.drop_last
         self._index_sampler = settings.index_sampler
         self._num_workers = settings.num_workers
         self._timeout = settings.timeout
-        self._collate_fn = settings.collate_fn
+        self._collate_fn = settings.fetch.collate_fn
         self._persistent_workers = settings.persistent_workers
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         self._pin_memory, self._pin_memory_device = _resolve_pin_memory(settings)

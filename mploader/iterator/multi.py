@@ -150,12 +150,7 @@ class MultiProcessIterator(BaseIterator):
         return WorkerSpec(
             worker_id=-1,
             num_workers=self._num_workers,
-            dataset=self._dataset,
-            is_iterable=self._is_iterable,
-            auto_collation=self._auto_collation,
-            collate_fn=self._collate_fn,
-            uses_default_collate=settings.uses_default_collate,
-            drop_last=self._drop_last,
+            fetch=settings.fetch,
             base_seed=self._base_seed,
             worker_init_fn=worker_init_fn,
             hooks=settings.worker_hooks,

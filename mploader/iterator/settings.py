@@ -12,19 +12,16 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
-from torch.utils.data._utils import collate as torch_collate
+
+from mploader.worker.fetch import FetchSettings
 
 
 @dataclass
 class LoaderSettings:
     """What an iterator reads from its loader, read once when the iterator is made."""
 
-    dataset: Any
-    is_iterable: bool
-    auto_collation: bool
+    fetch: FetchSettings  # the dataset, and how its samples become batches
     index_sampler: Any
-    collate_fn: Callable[[Any], Any]
-    drop_last: bool
     num_workers: int
     prefetch_factor: int
     persistent_workers: bool
@@ -43,21 +40,19 @@ class LoaderSettings:
     worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
     latest_stats: Any = None  # the loader's LatestStats (DataLoader.stats()); None: a torch loader
 
-    @property
-    def uses_default_collate(self) -> bool:
-        return self.collate_fn is torch_collate.default_collate
-
 
 def settings_of(loader: Any) -> LoaderSettings:
     from mploader.config import resolve_shared_memory
 
     return LoaderSettings(
-        dataset=loader.dataset,
-        is_iterable=isinstance(loader.dataset, IterableDataset),
-        auto_collation=loader._auto_collation,
+        fetch=FetchSettings(
+            dataset=loader.dataset,
+            is_iterable=isinstance(loader.dataset, IterableDataset),
+            auto_collation=loader._auto_collation,
+            collate_fn=loader.collate_fn,
+            drop_last=loader.drop_last,
+        ),
         index_sampler=loader._index_sampler,
-        collate_fn=loader.collate_fn,
-        drop_last=loader.drop_last,
         num_workers=loader.num_workers,
         prefetch_factor=2 if loader.prefetch_factor is None else loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,

@@ -44,15 +44,11 @@ class SingleProcessIterator(BaseIterator):
         shard_in_main_process(self._dataset, self._world_size, self._rank)
         plan = self._resume_plan
         if plan is None:
-            self._fetcher = make_fetcher(
-                self._dataset, self._is_iterable, self._auto_collation, self._drop_last
-            )
+            self._fetcher = make_fetcher(settings.fetch)
         else:  # a resumed epoch: the sampler and an iterable dataset where the state says
             assert self._tracker is not None
             self._sampler_iter = self._tracker.resume_sampler(plan, self._sampler_iter)
-            self._fetcher = restored_fetcher(plan.main_restore(), self._dataset,
-                                             self._is_iterable, self._auto_collation,
-                                             self._drop_last)
+            self._fetcher = restored_fetcher(plan.main_restore(), settings.fetch)
         if self._tracker is not None:
             self._tracker.follow_fetcher(self._fetcher)
         # The trace's main-process spans (fetch, collate, wait for data, yield) and stats().

@@ -7,10 +7,30 @@ task is published for ``mploader.item_generator()`` (``mploader.worker.item_rand
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data._utils.collate import default_collate
+
 from mploader.worker.item_random import TaskSeed, enter_item, leave_item
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """How a loader's samples become batches: the same facts wherever they are fetched, in a
+    worker (``WorkerSpec.fetch``) or, with ``num_workers=0``, in the main process."""
+
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+
+    @property
+    def uses_default_collate(self) -> bool:
+        """torch's ``default_collate``: the worker collates straight into the shared block."""
+        return self.collate_fn is default_collate
 
 
 class MapFetcher:
@@ -77,9 +97,7 @@ class IterableFetcher:
         return samples
 
 
-def make_fetcher(
-    dataset: Any, is_iterable: bool, auto_collation: bool, drop_last: bool
-) -> MapFetcher | IterableFetcher:
-    if is_iterable:
-        return IterableFetcher(dataset, auto_collation, drop_last)
-    return MapFetcher(dataset, auto_collation)
+def make_fetcher(settings: FetchSettings) -> MapFetcher | IterableFetcher:
+    if settings.is_iterable:
+        return IterableFetcher(settings.dataset, settings.auto_collation, settings.drop_last)
+    return MapFetcher(settings.dataset, settings.auto_collation)

@@ -105,7 +105,8 @@ class WorkerLoop:
             spec.in_flight_per_worker,
         )
         self.released: list[tuple[int, int]] = []
-        self.recorder = StateRecorder(spec.dataset, spec.is_iterable) if spec.record_state else None
+        self.recorder = (StateRecorder(spec.fetch.dataset, spec.fetch.is_iterable)
+                         if spec.record_state else None)
         self.fetch_threads: FetchThreads | None = None  # worker_threads > 1, once started
         self.retiring: list[tuple[int, int]] = []  # released, but a fork child may read them
 
@@ -129,8 +130,8 @@ class WorkerLoop:
         keep_large_allocations_on_heap()
         torch.set_num_threads(1)
         seed = seed_worker(spec.base_seed, spec.worker_id)
-        seed_datapipe(spec.dataset, spec.shared_seed)
-        info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.dataset)
+        seed_datapipe(spec.fetch.dataset, spec.shared_seed)
+        info = make_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset)
         set_worker_info(info)
         try:
             if spec.worker_init_fn is not None:
@@ -142,7 +143,7 @@ class WorkerLoop:
             self.start_epoch(first=True)
             if spec.worker_threads > 1:
                 self.fetch_threads = FetchThreads(
-                    spec.worker_threads, spec.dataset, spec.auto_collation
+                    spec.worker_threads, spec.fetch.dataset, spec.fetch.auto_collation
                 )
                 self.tasks_or_fetches = Poller(self.tasks.fileno(), self.fetch_threads.fileno())
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None,
@@ -169,12 +170,9 @@ class WorkerLoop:
         self.epoch_error = None
         try:
             if first and spec.restore is not None:
-                self.fetcher = restored_fetcher(spec.restore, spec.dataset, spec.is_iterable,
-                                                spec.auto_collation, spec.drop_last)
+                self.fetcher = restored_fetcher(spec.restore, spec.fetch)
             else:
-                self.fetcher = make_fetcher(
-                    spec.dataset, spec.is_iterable, spec.auto_collation, spec.drop_last
-                )
+                self.fetcher = make_fetcher(spec.fetch)
         except Exception as error:
             self.fetcher = None
             self.epoch_error = RemoteError.capture(error, spec.worker_id, self.pid, None)
@@ -268,7 +266,7 @@ class WorkerLoop:
         elif isinstance(message, Resume):
             self.epoch = message.epoch
             self.exhausted = False
-            seed_datapipe(self.spec.dataset, message.shared_seed)
+            seed_datapipe(self.spec.fetch.dataset, message.shared_seed)
             if self.init_error is None:
                 self.start_epoch()
 
@@ -290,7 +288,7 @@ class WorkerLoop:
         try:
             samples = self.fetcher.fetch(task.indices, self.task_seed(task))
         except StopIteration as leaked:
-            if not spec.is_iterable:  # leaked from __getitem__: an error of this batch, as in torch
+            if not spec.fetch.is_iterable:  # leaked from __getitem__: an error of this batch
                 self.send_error(task, leaked)
                 return
             self.exhausted = True
@@ -321,10 +319,10 @@ class WorkerLoop:
         spec = self.spec
         self.take_arrived_releases()
         try:
-            if spec.auto_collation and spec.uses_default_collate:
+            if spec.fetch.auto_collation and spec.fetch.uses_default_collate:
                 payload = self.channel.collate_and_encode(samples)
             else:
-                payload = self.channel.encode(spec.collate_fn(samples))
+                payload = self.channel.encode(spec.fetch.collate_fn(samples))
         except Exception as error:
             self.send_error(task, error)
             return

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mploader.worker import rng
-from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
+from mploader.worker.fetch import FetchSettings, IterableFetcher, MapFetcher, make_fetcher
 
 
 @dataclass(slots=True)
@@ -102,8 +102,8 @@ def iterable_snapshot(dataset: Any, fetcher: IterableFetcher, state: rng.RngStat
     )
 
 
-def restored_fetcher(restore: WorkerRestore | None, dataset: Any, is_iterable: bool,
-                     auto_collation: bool, drop_last: bool) -> MapFetcher | IterableFetcher:
+def restored_fetcher(restore: WorkerRestore | None, settings: FetchSettings
+                     ) -> MapFetcher | IterableFetcher:
     """The fetcher of a worker's first epoch, restored where ``restore`` says.
 
     Within the epoch: the dataset's state, then ``iter(dataset)`` and the iterator's state (or a
@@ -113,21 +113,22 @@ def restored_fetcher(restore: WorkerRestore | None, dataset: Any, is_iterable: b
     generators, then the dataset's carried state, then ``iter(dataset)`` of the new epoch, in
     the order the uninterrupted run went through them."""
     if restore is None:
-        return make_fetcher(dataset, is_iterable, auto_collation, drop_last)
+        return make_fetcher(settings)
+    dataset = settings.dataset
     position = restore.position
     if position is None:
         if restore.rng is not None:
             rng.restore(restore.rng)
         if restore.carried_dataset_state is not None:
             dataset.load_state_dict(restore.carried_dataset_state)
-        return make_fetcher(dataset, is_iterable, auto_collation, drop_last)
-    if is_iterable:
+        return make_fetcher(settings)
+    if settings.is_iterable:
         fetcher: MapFetcher | IterableFetcher = restored_iterable_fetcher(
-            dataset, auto_collation, drop_last, position)
+            dataset, settings.auto_collation, settings.drop_last, position)
     else:
         if position.dataset_state is not None:
             dataset.load_state_dict(position.dataset_state)
-        fetcher = make_fetcher(dataset, is_iterable, auto_collation, drop_last)
+        fetcher = make_fetcher(settings)
     if restore.rng is not None:
         rng.restore(restore.rng)
     return fetcher

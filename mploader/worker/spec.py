@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mploader.config import SharedMemoryConfig
+from mploader.worker.fetch import FetchSettings
 from mploader.worker.hooks import WorkerHooks
 from mploader.worker.inherited import InheritedFds
 from mploader.worker.resume import WorkerRestore
@@ -18,12 +18,7 @@ class WorkerSpec:
 
     worker_id: int
     num_workers: int
-    dataset: Any
-    is_iterable: bool
-    auto_collation: bool
-    collate_fn: Callable[[Any], Any]
-    uses_default_collate: bool  # collate_fn is torch's default_collate: collate into the pool
-    drop_last: bool
+    fetch: FetchSettings  # the dataset, and how its samples become batches
     base_seed: int
     worker_init_fn: Callable[[int], None] | None
     hooks: WorkerHooks | None
