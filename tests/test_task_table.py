@@ -325,3 +325,18 @@ def test_entries_record_dispatch_order_and_times() -> None:
     entry = table.arrive(0, "r", at=13.5)
     assert entry is not None
     assert (entry.dispatch_number, entry.dispatched_at, entry.arrived_at) == (2, 12.0, 13.5)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_an_entry_records_its_whole_life(in_order: bool) -> None:
+    """Dispatch, arrival and delivery times are the entry's own, in that order (the monitor and
+    the trace read them there)."""
+    table = filled(in_order, 2)
+    table.arrive(1, "one", at=5.0)
+    table.arrive(0, "zero", at=6.0)
+    entries = [table.pop_ready(), table.pop_ready()]
+    assert [entry.task_id for entry in entries] == ([0, 1] if in_order else [1, 0])
+    for entry in entries:
+        assert entry.delivered_at is not None
+        assert entry.dispatched_at <= entry.delivered_at
+        assert entry.arrived_at is not None and entry.arrived_at <= entry.delivered_at

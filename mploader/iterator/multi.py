@@ -444,7 +444,7 @@ class MultiProcessIterator(BaseIterator):
 
     def _deliver(self, entry: TaskEntry) -> Any:
         arrived: _Arrived = entry.result
-        self._monitor.delivered(entry.task_id, entry.arrived_at)
+        self._monitor.delivered(entry.task_id, entry.arrived_at, entry.delivered_at)
         self._dispatch_one()  # refill before returning, as torch does
         message = arrived.message
         self._table.delivered(entry.task_id, message.worker_id)

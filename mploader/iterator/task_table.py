@@ -8,7 +8,8 @@ dataset ended) are skipped.  With ``in_order=False`` results are delivered in ar
 Everything else reads this record instead of keeping its own copy:
 
 * each task's :class:`TaskEntry`: its worker, when it was dispatched and in which order, when its
-  result arrived, and the result itself (with the worker's resume state after it);
+  result arrived and when it was delivered, and the result itself (with the worker's resume state
+  after it);
 * the iterator's position: its epoch (:attr:`TaskTable.iterator_epoch`), the batches the
   consumer received this epoch, which tasks were delivered (what a resumed epoch skips), the
   next worker in round-robin order, and which workers' iterable datasets ran out.
@@ -40,6 +41,7 @@ class TaskEntry:
     state: str = PENDING
     result: Any = None
     arrived_at: float | None = None
+    delivered_at: float | None = None  # when pop_ready handed it on to the consumer
 
 
 @dataclass(slots=True)
@@ -156,7 +158,14 @@ class TaskTable:
             self.skip(entry.task_id)
 
     def pop_ready(self) -> TaskEntry | None:
-        """The next result to deliver, if it has arrived; removes it from the table."""
+        """The next result to deliver, if it has arrived; removes it from the table and notes
+        when (``delivered_at``)."""
+        entry = self._take_ready()
+        if entry is not None:
+            entry.delivered_at = time.monotonic()
+        return entry
+
+    def _take_ready(self) -> TaskEntry | None:
         if not self.in_order:
             while self._arrival_order:
                 entry = self._entries.pop(self._arrival_order.popleft(), None)

@@ -186,10 +186,11 @@ class IteratorMonitor:
             self.tracer.span("transfer", self.tracer.main_pid, timings.encoded, now,
                              task=task_id, epoch=epoch, worker=worker_id)
 
-    def delivered(self, task_id: int, arrived: float | None = None) -> None:
-        """Task ``task_id``'s batch goes to the consumer; its result arrived at ``arrived``
-        (None: made in the main process)."""
-        now = time.monotonic()
+    def delivered(self, task_id: int, arrived: float | None = None,
+                  at: float | None = None) -> None:
+        """Task ``task_id``'s batch goes to the consumer at ``at`` (the task table's record;
+        None: now); its result arrived at ``arrived`` (None: made in the main process)."""
+        now = time.monotonic() if at is None else at
         self.batches_delivered += 1
         self._delivering = task_id
         if self._startup_began is not None:  # a batch before every worker was ready
