@@ -404,6 +404,27 @@ def test_a_fetch_over_4_mib_is_split(nebula_server: NebulaTarget) -> None:
     assert found == Counter(range(nebula_server.graph.num_nodes))
 
 
+def test_the_feature_store_splits_a_fetch_over_graphds_4_mib(nebula_server: NebulaTarget) -> None:
+    """The store fetches the graph's 300 vertices and 210,000 long ids no vertex has (over
+    4 MiB of ids, graphd's default max_allowed_query_size) in one call with a large
+    ``batch_size``: one statement is "Query is too large"; the store's split statements all
+    run, and it finds every vertex there is (its error names exactly the absent ids)."""
+    if nebula_server.real:
+        pytest.skip("needs graphd's default max_allowed_query_size")
+    absent = 210_000  # 21 bytes each with ", "
+    vids = [*range(nebula_server.graph.num_nodes), *range(10**18, 10**18 + absent)]
+    with nebula_server.hooks().open_session() as session:
+        store = nebula_server.feature_store(batch_size=1_000_000, session=lambda: session)
+        unsplit = nebula_server.feature_store(batch_size=1_000_000, session=lambda: session,
+                                              max_query_bytes=2**40)
+        with pytest.raises(NebulaQueryError, match="Query is too large"):
+            unsplit.fetch(vids)
+        with pytest.raises(KeyError) as missing:
+            store.fetch(vids)
+    assert missing.value.args[0].startswith(f"{absent} vertices have no `{citation.PAPER_TAG}'")
+    assert f"(first: [{10**18}, " in missing.value.args[0]
+
+
 def test_the_feature_store_splits_below_the_servers_limit(strict: NebulaServerProcess) -> None:
     graph = citation.make_citation_graph(NODES, 4, 3, 0, 2)
     store = NebulaFeatureStore(
