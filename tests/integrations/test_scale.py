@@ -12,6 +12,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -250,6 +251,65 @@ def test_one_graphd_spelled_two_ways_has_one_budget(capped: NebulaServerProcess)
     reordered = HostSessionBudget("root", [("127.0.0.2", 9669), ("127.0.0.1", port)], 1)
     assert listed.directory == reordered.directory
     assert HostSessionBudget("root", [("127.0.0.1", port + 1)], 1).directory != listed.directory
+
+
+def test_a_session_freed_after_many_refusals_is_had_within_a_short_deadline(
+    capped: NebulaServerProcess,
+) -> None:
+    """A pool refused by a full budget until its backoff between logins (1-2 s) outlasts its
+    statements' deadline (0.1 s): once the budget's session is given back, a new statement
+    still gets it, as the deadline's error would be a lie (no login was even tried)."""
+    holder = PooledSession(_hooks(capped, session_budget=1).session_pool())
+    waiter = _hooks(capped, session_budget=1, retry_seconds=0.1).session_pool()
+    handles = [PooledSession(waiter)]
+    try:
+        assert holder.session_id is not None  # the budget's only session
+        while waiter.refusals < 5:  # the 5th refusal makes it wait 0.8 s or more to log in
+            with pytest.raises(NebulaSessionLimitError):
+                handles[-1].session_id  # noqa: B018
+            handles.append(PooledSession(waiter))
+        holder.close()
+        assert handles[-1].session_id is not None
+    finally:
+        holder.close()
+        for handle in handles:
+            handle.close()
+
+
+def test_past_its_deadline_a_thread_hears_how_the_login_under_way_ended() -> None:
+    """A graphd that takes connections and never answers (hung): one fetch thread's login is
+    under way (1.5 s socket timeout) when another's deadline (0.5 s) passes.  Both hear that
+    graphd did not answer (NebulaConnectionError), not that sessions ran out."""
+    from nebula3.Config import Config
+
+    config = Config()
+    config.timeout = 1500
+    with socket.create_server(("127.0.0.1", 0)) as hung:
+        address = f"127.0.0.1:{hung.getsockname()[1]}"
+        pool = NebulaHooks([address], config=config, retry_seconds=0.5).session_pool()
+        errors: dict[str, BaseException] = {}
+
+        def borrow(name: str) -> None:
+            handle = PooledSession(pool)
+            try:
+                handle.execute("YIELD 1 AS q")
+            except BaseException as error:
+                errors[name] = error
+            finally:
+                handle.close()
+
+        first = threading.Thread(target=borrow, args=("first",))
+        first.start()
+        accepted, _ = hung.accept()  # the first thread's login is under way
+        second = threading.Thread(target=borrow, args=("second",))
+        second.start()
+        first.join(30)
+        second.join(30)
+        accepted.close()
+    assert set(errors) == {"first", "second"}
+    for error in errors.values():
+        assert isinstance(error, NebulaConnectionError), repr(error)
+        assert address in str(error) and "retry_seconds=0.5" in str(error)
 
 
 # ----------------------------------------------------------------------------- releasing

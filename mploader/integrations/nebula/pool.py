@@ -29,6 +29,7 @@ session of their own process.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import random
@@ -117,6 +118,10 @@ class SessionPool:
         self._idle: list[_Member] = []
         self._handles = 0
         self._logging_in = False
+        self._logins_started = 0
+        self._logins_ended = 0
+        # How the last login ended: None (a session), a refusal, or the error that stopped it.
+        self._last_failure: BaseException | None = None
         self._grow_after = 0.0  # time.monotonic() before which no login is tried
         self._refused_in_a_row = 0
         self._hungry_checked_at = 0.0
@@ -146,9 +151,14 @@ class SessionPool:
     # -- borrowing -------------------------------------------------------------------------------
 
     def take(self, deadline: float) -> _Member:
-        """An idle session, or a new one; waits while the process may not grow.  Raises
-        :class:`NebulaSessionLimitError` when the process has none by ``deadline``, and
-        :class:`NebulaConnectionError` when a login cannot reach graphd."""
+        """An idle session, or a new one; waits while the process may not grow.
+
+        Past ``deadline`` with no session at all, the caller hears how one more login ended
+        (the one under way, else its own, made at once: a backoff from earlier refusals is no
+        refusal of this caller): refused for the cap or the budget,
+        :class:`NebulaSessionLimitError`; graphd out of reach, :class:`NebulaConnectionError`.
+        """
+        decisive: int | None = None  # past the deadline: the login whose end decides
         while True:
             with self._cond:
                 while True:
@@ -156,28 +166,58 @@ class SessionPool:
                     if self._idle:
                         return self._idle.pop()
                     now = time.monotonic()
-                    if not self._logging_in and now >= self._grow_after and not self._yielding():
+                    if decisive is None and not self._members and now >= deadline:
+                        decisive = self._logins_started + (0 if self._logging_in else 1)
+                    overdue = decisive is not None and not self._members
+                    if decisive is not None and overdue and self._logins_ended >= decisive:
+                        raise self._no_session_error()
+                    if not self._logging_in and (overdue or self._may_grow(now)):
                         self._logging_in = True
+                        self._logins_started += 1
                         break
-                    if not self._members and now >= deadline:
-                        raise self._limit_error()
-                    wake = self._grow_after if now < self._grow_after else now + 0.1
-                    self._cond.wait(max(0.001, min(wake, deadline) - now))
-            member, refused = None, False
+                    self._cond.wait(self._wait_seconds(now, deadline, overdue))
+            member, failure = None, None
             try:
                 member = self._login()
-            except _LoginRefused:
-                refused = True
-            finally:  # a login that could not reach graphd raises on: the caller backs off
-                with self._cond:
-                    self._logging_in = False
-                    if member is not None:
-                        self._add(member)
-                    elif refused:
-                        self._refused()
-                    self._cond.notify_all()
+            except BaseException as error:
+                failure = error
+                if not isinstance(error, _LoginRefused):
+                    raise  # graphd out of reach: the caller backs off
+            finally:
+                self._login_ended(member, failure)
             if member is not None:
                 return member
+
+    def _may_grow(self, now: float) -> bool:
+        """Whether a login may start now: no backoff holds growth back, nobody is starving."""
+        return now >= self._grow_after and not self._yielding()
+
+    def _wait_seconds(self, now: float, deadline: float, overdue: bool) -> float:
+        """How long to wait for a session given back, a login's end, or the next chance to
+        grow (past the deadline: only for the login under way, which notifies)."""
+        wake = self._grow_after if now < self._grow_after else now + 0.1
+        if not overdue:
+            wake = min(wake, deadline)
+        return max(0.001, wake - now)
+
+    def _login_ended(self, member: _Member | None, failure: BaseException | None) -> None:
+        with self._cond:
+            self._logging_in = False
+            self._logins_ended += 1
+            self._last_failure = failure
+            if member is not None:
+                self._add(member)
+            elif isinstance(failure, _LoginRefused):
+                self._refused()
+            self._cond.notify_all()
+
+    def _no_session_error(self) -> BaseException:
+        """What a caller with no session past its deadline hears: the last login's own error
+        (a copy: several threads raise it), or, when logins were refused, the session limit."""
+        failure = self._last_failure
+        if isinstance(failure, Exception) and not isinstance(failure, _LoginRefused):
+            return copy.copy(failure)
+        return self._limit_error()
 
     def give_back(self, member: _Member) -> None:
         """``member`` is free again (or given up for a hungry process, or the pool closed)."""
