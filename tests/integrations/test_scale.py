@@ -440,6 +440,32 @@ def test_graphd_gone_for_good_is_a_connection_error_within_retry_seconds() -> No
         lambda: {child.pid for child in psutil.Process().children()} <= servers, timeout=10)
 
 
+def test_graphd_gone_while_a_login_sets_its_space_is_a_connection_error() -> None:
+    """graphd goes away after it signed a session in and before it answered the session's
+    ``USE space`` (each statement takes 3 s here; graphd dies 1 s into the login): the login
+    fails as graphd out of reach, so the statement backs off and ends, after
+    ``retry_seconds``, in :class:`NebulaConnectionError`."""
+    server = _server(latency_ms=3000)
+    address = server.address
+    handle = PooledSession(_hooks(server, retry_seconds=0.5).session_pool())
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            handle.execute("YIELD 1 AS q")
+        except BaseException as error:
+            errors.append(error)
+
+    borrower = threading.Thread(target=run)
+    borrower.start()
+    time.sleep(1.0)  # signed in at once; its USE takes 3 s
+    server.kill()  # a crash: the USE gets no answer
+    borrower.join(30)
+    handle.close()
+    assert len(errors) == 1 and isinstance(errors[0], NebulaConnectionError), errors
+    assert address in str(errors[0]) and "retry_seconds=0.5" in str(errors[0])
+
+
 # ----------------------------------------------------------------------------- statement size
 
 

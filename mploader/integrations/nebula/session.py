@@ -281,7 +281,7 @@ class NebulaSession:
                 f"{type(error).__name__}: {_message(error)}"
             ) from error
         if self.space:
-            result = session.execute(f"USE `{self.space}`")
+            result = self._use_space(pool, session)
             if not result.is_succeeded():
                 message = result.error_msg()
                 with contextlib.suppress(Exception):
@@ -294,6 +294,21 @@ class NebulaSession:
                     f"USE `{self.space}`",
                 )
         return pool, session
+
+    def _use_space(self, pool: Any, session: Any) -> Any:
+        """``USE`` the space on a new session: its ``ResultSet``.  graphd going away before it
+        answers is :class:`NebulaConnectionError`, as at sign-in (the caller backs off)."""
+        try:
+            return session.execute(f"USE `{self.space}`")
+        except _broken_connection_errors() as error:
+            with contextlib.suppress(Exception):
+                session.release()
+            with contextlib.suppress(Exception):
+                pool.close()
+            raise errors.NebulaConnectionError(
+                f"NebulaGraph at {self.where} broke the connection before a new session could "
+                f"use space {self.space!r} ({type(error).__name__}: {_message(error)})"
+            ) from error
 
     def _reconnect(self, cause: str) -> None:
         old_session, old_pool = self._session, self._pool
