@@ -142,7 +142,8 @@ def _closed_port() -> int:
 
 def test_server_down_is_a_clear_error_naming_it(nebula_server: NebulaTarget) -> None:
     port = _closed_port()
-    hooks = nebula_server.hooks(addresses=[("127.0.0.1", port)])
+    # a short wait for graphd (the default rides out a restart: 60 s of this suite's time)
+    hooks = nebula_server.hooks(addresses=[("127.0.0.1", port)], retry_seconds=2)
     loader = mploader.DataLoader(YieldThroughWorkerSession(8), batch_size=4, num_workers=2,
                                  worker_hooks=hooks)
     with pytest.raises(NebulaConnectionError, match=rf"127\.0\.0\.1:{port}") as caught:
