@@ -23,7 +23,6 @@ the write end, so the pipe reads EOF the moment the worker ends, however it ends
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import pickle
@@ -81,17 +80,6 @@ def zygote_for(context: Any) -> Zygote:
             zygote = Zygote(context)
             _instances[key] = zygote
         return zygote
-
-
-def _close_sockets_at_exit() -> None:
-    """At interpreter exit, close this process's zygote sockets: each zygote reads EOF and ends
-    (rather than the socket objects being collected open, with a ``ResourceWarning``)."""
-    for (pid, _), zygote in list(_instances.items()):
-        if pid == os.getpid():
-            zygote.socket.close()
-
-
-atexit.register(_close_sockets_at_exit)
 
 
 def helper_pids() -> list[int]:
