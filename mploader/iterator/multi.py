@@ -112,6 +112,7 @@ class MultiProcessIterator(BaseIterator):
             self._monitor, settings.latest_stats, self._followed_as,
         )
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
+        publisher.start_thread()  # while the cores are free: not among the starting workers
         launched_at = time.monotonic()
         try:
             self._group.start()  # ...for workers that start on them as soon as they exist
