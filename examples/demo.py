@@ -159,10 +159,10 @@ def main() -> None:
     print("\n".join(lines))
     print(f"\nEach batch waits for 3 queries in a row ({3 * arguments.latency_ms:g} ms; nebula-pyg "
           f"style 4): concurrency hides that wait, until the cores are full (at the CPU per batch "
-          f"above, {os.cpu_count()} cores, less what else runs on the machine).\ntorch's workers "
-          "end without closing their sessions (the server keeps them until they time out; each "
-          "store\nand the sampler hold one per process); mploader closes every fetch thread's "
-          "session at exit through NebulaHooks.close_session.")
+          f"above, {os.cpu_count()} cores, less what else runs on the machine).\nSessions: each "
+          "store and the sampler open one per process (torch's workers sign theirs out when they "
+          "exit);\nmploader's fetch threads share each worker's sessions through NebulaHooks, "
+          "signed out at worker exit.")
     print(f"batches of {BATCH} seed papers, fan-out {FAN_OUT}; "
           f"demo finished in {time.perf_counter() - started:.0f} s")
 
