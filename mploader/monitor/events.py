@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class WorkerState(StrEnum):
@@ -45,3 +46,6 @@ class TaskTimings:
     started: float  # the worker took the task
     fetched: float  # the samples were fetched
     encoded: float  # collated and encoded: the result is ready to send
+
+    def __reduce__(self) -> tuple[Any, ...]:  # with every result: the values, not a state dict
+        return TaskTimings, (self.started, self.fetched, self.encoded)
