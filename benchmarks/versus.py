@@ -1,6 +1,6 @@
 """torch.utils.data.DataLoader versus mploader.DataLoader, side by side in one run.
 
-    .venv/bin/python benchmarks/versus.py                          # every workload (~3-4 min)
+    .venv/bin/python benchmarks/versus.py                          # every workload (~4 min)
     .venv/bin/python benchmarks/versus.py --only large,medium      # some of them
     .venv/bin/python benchmarks/versus.py --repeats 9              # more repetitions
     .venv/bin/python benchmarks/versus.py --quick                  # ~1 min smoke run
@@ -363,10 +363,9 @@ def build_workloads(quick: bool) -> list[Workload]:
     workloads = []
 
     # Warm-up for the 600 MB workloads covers mploader's pool warm-up: with 1 worker and
-    # prefetch_factor 2 the pool needs three 640 MiB blocks, and the third is created for batch 3
-    # (about 0.5 s of fresh tmpfs pages: fallocate zeroing plus page tables; shmem huge pages are
-    # off on this kernel).  torch pays that kind of cost on every batch, so it is warm from the
-    # first.  Six batches are timed either way.
+    # prefetch_factor 2 the pool makes one or two 640 MiB blocks (a third with persistent collate
+    # rows), each about 164k fresh pages in the worker once.  torch pays that kind of cost on every
+    # batch, so it is warm from the first.  Six batches are timed either way.
     batches, warm = sizes((10, 4), (6, 4))
     workloads.append(Workload(
         "large", "throughput",
