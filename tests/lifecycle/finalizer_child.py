@@ -151,6 +151,19 @@ def second_loader(start_method: str) -> None:
                 break  # the second epoch is broken off: shut down mid-epoch
 
 
+def open_pipes() -> set[str]:
+    """This process's open pipe ends, as ``fd:pipe:[inode]``."""
+    pipes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own fd, closed meanwhile
+        if target.startswith("pipe:"):
+            pipes.add(f"{fd}:{target}")
+    return pipes
+
+
 def main() -> None:
     start_method, where = sys.argv[1], sys.argv[2]
     faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)  # a hang shows its stacks
@@ -158,6 +171,7 @@ def main() -> None:
         mploader.DataLoader([0], num_workers=1, multiprocessing_context=start_method)
     gc.disable()  # collections happen at the probes only
     gc.freeze()  # and skip what was made before: a full collection takes microseconds
+    pipes_before = open_pipes()
     reserve = Reserve(RESERVE_AT_EXIT if where == "exit" else RESERVE)
     at_exit = Reserve(3) if where == "exit" else None
     install_probe(reserve)
@@ -180,6 +194,10 @@ def main() -> None:
         threading.setprofile(None)
         reserve.cycles.clear()
         gc.collect()
+        from mploader import finalizers
+
+        finalizers.settle(20)  # every finalized iterator's shutdown has run
+        print(json.dumps({"pipes_left": sorted(open_pipes() - pipes_before)}), flush=True)
         return
     # Exit with the probe on: the three iterators dropped now are finalized by the exit hooks,
     # and every lock those shutdowns take finalizes one more from the reserve, kept reachable

@@ -60,6 +60,8 @@ def test_finalized_inside_every_lock(start_method: str, where: str) -> None:
     if start_method == "fork":
         assert "worker/inherited.py:fd_identity" in probed, probed
     assert_nothing_left(report)
+    assert report["pipes_left"] == [], "pipes of finalized iterators left open"
+
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
