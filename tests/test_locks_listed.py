@@ -24,7 +24,10 @@ NAMED_LOCK = re.compile(
     re.M,
 )
 ROW = re.compile(r"^\| `([\w/]+\.py)` `(?:\w+\.)?(\w+)`", re.M)
-DIRECT_FINALIZER = re.compile(r"weakref\.finalize\(|def __del__\(|weakref\.ref\([^,()]+,")
+# multiprocessing's Finalize(obj, ...) runs when obj is collected; Finalize(None, ...) at exit only
+DIRECT_FINALIZER = re.compile(
+    r"weakref\.finalize\(|def __del__\(|weakref\.ref\([^,()]+,|\bFinalize\((?!None)"
+)
 
 
 def _section() -> str:

@@ -42,7 +42,10 @@ class SessionSource:
             return worker_session()
         if self._closed_at_exit_of != os.getpid() and multiprocessing.parent_process() is not None:
             self._closed_at_exit_of = os.getpid()
-            Finalize(self, self._own.close, exitpriority=0)  # idempotent: mploader's may be first
+            # At the process's exit only (no object to watch: a collection never runs it, so no
+            # finalizer signs out or takes a lock; mploader.finalizers).  Idempotent: mploader's
+            # close may come first.
+            Finalize(None, self._own.close, exitpriority=0)
         return self._own.get()
 
     def close(self) -> None:
