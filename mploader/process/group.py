@@ -236,6 +236,7 @@ class WorkerGroup:
         try:
             with forking_a_worker():  # not a child that could read the consumer's batches
                 handle.process.start()
+            serialize_exit_polls(handle.process)
         except (TypeError, AttributeError, pickle.PicklingError):
             warnings.warn(_UNPICKLABLE_WORKER_ARGUMENTS, stacklevel=2)  # torch's, word for word
             raise
@@ -445,3 +446,26 @@ class WorkerGroup:
 
     def worker_pids(self) -> list[int | None]:
         return [handle.pid for handle in self.handles]
+
+
+def serialize_exit_polls(process: Any) -> None:
+    """Make ``process``'s exit-status polls one thread at a time.
+
+    multiprocessing's fork ``Popen.poll`` reaps the child with ``waitpid`` and only then records
+    its status.  Two threads polling at once (a shutdown on the finalizer thread, and the user's
+    thread joining the ``_workers`` that torch's API hands out) race: the loser's ``waitpid``
+    finds the child reaped (``ECHILD``), which ``poll`` reads as "still running", so ``join()``
+    returns and ``is_alive()`` says True for a worker that is gone.  (The zygote's processes
+    keep their own exit codes, under the zygote's lock.)
+    """
+    popen = getattr(process, "_popen", None)
+    if popen is None or isinstance(process, zygote.ZygoteProcess):
+        return
+    unserialized = popen.poll
+    poll_lock = threading.Lock()  # never held by a finalizer: pollers are threads, not the GC
+
+    def poll(flag: int = os.WNOHANG) -> int | None:
+        with poll_lock:
+            return unserialized(flag)
+
+    popen.poll = poll
