@@ -605,20 +605,27 @@ class RecordingHooks(NebulaHooks):
         return super().create_session(info)
 
 
+def _plain_node_loader(citation_stores: Any, batch_size: int) -> tuple[Any, NebulaNeighborSampler]:
+    """PyG's own ``NodeLoader`` on the citation stores, 40 seed papers, 2 fork workers, no hooks."""
+    from torch_geometric.loader import NodeLoader
+
+    schema, hooks, stores = citation_stores
+    sampler = NebulaNeighborSampler(schema, hooks, [2, 2])
+    loader = NodeLoader(stores, sampler, input_nodes=torch.arange(40), batch_size=batch_size,
+                        num_workers=2, multiprocessing_context="fork")
+    return loader, sampler
+
+
 def test_plain_node_loader_takes_worker_hooks_and_threads_set_as_attributes(
     nebula_server: NebulaTarget, nebula_admin: Any, citation_stores: Any, tmp_path: Path
 ) -> None:
     """README: a plain ``NodeLoader`` (its constructor passes unknown keywords on to torch's,
     which refuses them) gets ``worker_hooks``/``worker_threads`` as attributes set after
     construction; under ``mploader.install()`` its workers use them."""
-    from torch_geometric.loader import NodeLoader
-
-    schema, hooks, stores = citation_stores
     graph = nebula_server.graph
     before = session_ids(nebula_admin)
-    sampler = NebulaNeighborSampler(schema, hooks, [2, 2])
-    loader = NodeLoader(stores, sampler, input_nodes=torch.arange(40), batch_size=8,
-                        num_workers=2, multiprocessing_context="fork")
+    loader, sampler = _plain_node_loader(citation_stores, batch_size=8)
+    hooks = citation_stores[1]
     loader.worker_hooks = RecordingHooks(hooks, tmp_path / "sessions")  # type: ignore[attr-defined]
     loader.worker_threads = 2  # type: ignore[attr-defined]
     with mploader.install():
@@ -728,14 +735,9 @@ def test_torchs_own_workers_sign_their_store_sessions_out_at_exit(
     worker exits (else each worker of each epoch leaves them on graphd until its idle timeout,
     8 h, counted against its cap of 300 per user and host).  Fork only: a spawned worker exits
     through the same multiprocessing code."""
-    from torch_geometric.loader import NodeLoader
-
-    schema, hooks, stores = citation_stores
     graph = nebula_server.graph
     before = session_ids(nebula_admin)
-    sampler = NebulaNeighborSampler(schema, hooks, [2, 2])
-    loader = NodeLoader(stores, sampler, input_nodes=torch.arange(40), batch_size=10,
-                        num_workers=2, multiprocessing_context="fork")
+    loader, sampler = _plain_node_loader(citation_stores, batch_size=10)
     assert not mploader.is_installed()
     batches = list(loader)
     assert len(batches) == 4 and all(
