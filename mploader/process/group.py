@@ -15,6 +15,7 @@ import pickle
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -23,7 +24,7 @@ from typing import Any
 from mploader.channel import BlockRelease
 from mploader.channel.forking import forking_a_worker
 from mploader.monitor.events import WorkerState
-from mploader.polling import Poller
+from mploader.polling import Poller, readable
 from mploader.process import inherited_fds, sigchld, zygote
 from mploader.process.pipes import TaskWriter, Waiter, make_pipe
 from mploader.worker.loop import worker_main
@@ -48,6 +49,10 @@ TERMINATE_GRACE_SECONDS = 1.0
 URGENT_DEADLINE_SECONDS = 0.5
 # A worker's sentinel fires when it ends; its exit status is normally there within microseconds.
 REAP_SECONDS = 2.0
+# A blocking exit poll of a fork worker looks again this often once its sentinel has fired (the
+# status follows the sentinel within microseconds; a worker that closed the sentinel's fd early
+# must not make it spin).
+EXIT_POLL_SECONDS = 0.001
 # torch's warning when a spawn/forkserver worker cannot be started because its arguments (the
 # dataset, collate_fn, worker_init_fn) do not pickle; the pickling error follows it.
 _UNPICKLABLE_WORKER_ARGUMENTS = (
@@ -461,11 +466,21 @@ def serialize_exit_polls(process: Any) -> None:
     popen = getattr(process, "_popen", None)
     if popen is None or isinstance(process, zygote.ZygoteProcess):
         return
-    unserialized = popen.poll
+    unserialized = type(popen).poll
+    # Weakly: a closure on the Popen stored on the Popen would be a reference cycle that keeps
+    # its sentinel pipe open until the cyclic collector runs.
+    popen_ref = weakref.ref(popen)
     poll_lock = threading.Lock()  # never held by a finalizer: pollers are threads, not the GC
 
     def poll(flag: int = os.WNOHANG) -> int | None:
-        with poll_lock:
-            return unserialized(flag)
+        """``Popen.poll``, its ``waitpid`` never blocking under the lock (a thread joining
+        without a timeout must not hold up the shutdown that lets the worker end)."""
+        while True:
+            with poll_lock:
+                code = unserialized(popen_ref(), os.WNOHANG)
+            if code is not None or flag == os.WNOHANG:
+                return code
+            readable([popen_ref().sentinel], None)  # type: ignore[union-attr]  # it ends
+            time.sleep(EXIT_POLL_SECONDS)  # its status follows (an fd closed early: no spin)
 
     popen.poll = poll

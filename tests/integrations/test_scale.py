@@ -327,7 +327,8 @@ def test_a_sigkilled_workers_sessions_are_gone_after_the_epoch(
     rows = torch.cat(list(loader))
     _check_every_item_once(rows, 96)
     assert os.path.exists(tmp_path / "killed")
-    assert wait_for(lambda: session_ids(nebula_admin) == before)
+    # none of this loader's sessions is left (another test's may still be signing out: <=)
+    assert wait_for(lambda: session_ids(nebula_admin) <= before)
 
 
 def _ignore_sigterm(worker_id: int) -> None:
