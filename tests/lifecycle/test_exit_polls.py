@@ -90,3 +90,24 @@ def test_persistent_workers_joined_after_the_iterator_is_dropped() -> None:
         worker.join(30)
         assert not worker.is_alive()
         assert worker.exitcode == 0
+
+
+def _exits_later() -> None:
+    time.sleep(0.5)
+
+
+def test_a_join_without_timeout_does_not_hold_up_other_polls() -> None:
+    """A thread blocked in ``join()`` must not make ``is_alive()`` wait in another thread (a
+    shutdown that polls would wait for the worker it is about to stop)."""
+    process = multiprocessing.get_context("fork").Process(target=_exits_later)
+    process.start()
+    serialize_exit_polls(process)
+    joiner = threading.Thread(target=process.join)
+    joiner.start()
+    time.sleep(0.05)  # the joiner is blocked now
+    started = time.monotonic()
+    assert process.is_alive()
+    assert time.monotonic() - started < 0.2, "is_alive() waited for the blocked join()"
+    joiner.join()
+    assert not process.is_alive() and process.exitcode == 0
+    process.close()
