@@ -11,6 +11,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import threading
@@ -220,7 +221,9 @@ def test_no_session_at_all_within_retry_seconds_is_a_session_limit_error() -> No
             assert "within 1 s" in message
             assert "max_sessions_per_ip_per_user" in message  # the cap...
             assert "the threshold is 1" in message  # ...as graphd refused it
-            assert "hold 0 of its budget of 240 sessions" in message  # this host's sessions
+            # this host's sessions: none, but each of the 2 workers may hold a slot for a login
+            held = re.search(r"hold (\d+) of its budget of 240 sessions", message)
+            assert held is not None and int(held.group(1)) <= 2, message
             assert "Ways out" in message and "KILL SESSION" in message
             del loader, caught
             gc.collect()
