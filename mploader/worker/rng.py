@@ -177,8 +177,8 @@ def _engine_words_address() -> int | None:
         memory.seek(implementation)
         nearby = memory.read(_SEARCHED_BYTES)
     offset = nearby.find(needle)
-    if offset < _ENGINE_HEAD_BYTES:
-        return None
+    if offset < _ENGINE_HEAD_BYTES or offset + _MT_WORDS * 4 + _NORMAL_CACHE_BYTES > len(nearby):
+        return None  # not found, or the window read in place would reach past what was read
     return implementation + offset
 
 
