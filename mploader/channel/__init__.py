@@ -9,7 +9,7 @@ the iterator call it, never the other way round.
 
 from __future__ import annotations
 
-from mploader.channel.protocol import BlockRelease, MainEnd, WorkerEnd
+from mploader.channel.protocol import BlockRelease, MainEnd, PendingPayload, WorkerEnd
 from mploader.config import SharedMemoryConfig
 
 
@@ -43,4 +43,6 @@ def open_main_end(config: SharedMemoryConfig | None, loader_tag: str) -> MainEnd
     return MainChannel(config, loader_tag)
 
 
-__all__ = ["BlockRelease", "MainEnd", "WorkerEnd", "open_main_end", "open_worker_end"]
+__all__ = [
+    "BlockRelease", "MainEnd", "PendingPayload", "WorkerEnd", "open_main_end", "open_worker_end",
+]

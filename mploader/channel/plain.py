@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mploader.channel.collate import collate_samples
-from mploader.channel.protocol import BlockRelease
+from mploader.channel.protocol import BlockRelease, ReadyPayload
 from mploader.channel.tensors import by_value_dispatch_table
 
 
@@ -27,6 +27,15 @@ class PlainWorkerEnd:
         # torch's in-worker default_collate allocates a shared-memory segment per tensor, which
         # pickling would copy out again: stack into ordinary memory instead.
         return self.encode(collate_samples(samples, into_block=False))
+
+    def start_encode(self, batch: Any) -> ReadyPayload:
+        return ReadyPayload(self.encode(batch))
+
+    def start_collate_and_encode(self, samples: list[Any]) -> ReadyPayload:
+        return ReadyPayload(self.collate_and_encode(samples))
+
+    def help_copy(self) -> None:
+        pass  # nothing is ever copied on another thread
 
     def release(self, block_id: int, generation: int) -> None:
         raise AssertionError("plain pickling holds no shared-memory blocks")

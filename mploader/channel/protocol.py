@@ -23,13 +23,58 @@ class BlockRelease(NamedTuple):
     retire: bool = False
 
 
+class PendingPayload(Protocol):
+    """A message's bytes, but for the copy of its large leaves into their block.
+
+    ``copy_bytes`` is the size of that copy (0: nothing left to do). :meth:`finish` makes it and
+    returns the payload; it touches only the block's memory, so another thread may call it while
+    the worker goes on with its next task (``mploader.worker.replies``).  Call it exactly once.
+    """
+
+    copy_bytes: int
+
+    def finish(self, alone: bool = True) -> bytes:
+        """``alone``: the worker does nothing else meanwhile, so the copy may use every core the
+        worker may have (False: its loop thread is fetching the next task on one of them)."""
+        ...
+
+
+class ReadyPayload:
+    """A payload with nothing left to copy."""
+
+    __slots__ = ("payload",)
+    copy_bytes = 0
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def finish(self, alone: bool = True) -> bytes:
+        return self.payload
+
+
 class WorkerEnd(Protocol):
     """A worker's end of the channel."""
 
-    def encode(self, batch: Any) -> bytes: ...
+    def encode(self, batch: Any) -> bytes:
+        """``start_encode(batch).finish()``."""
+        ...
 
     def collate_and_encode(self, samples: list[Any]) -> bytes:
         """torch's ``default_collate`` of ``samples``, encoded; the same values and errors."""
+        ...
+
+    def start_encode(self, batch: Any) -> PendingPayload:
+        """``batch`` encoded, its block chosen, all but the copy of its large leaves done."""
+        ...
+
+    def start_collate_and_encode(self, samples: list[Any]) -> PendingPayload:
+        """``collate_and_encode``, with the copy (or the stacking) into the block left to
+        :meth:`PendingPayload.finish`."""
+        ...
+
+    def help_copy(self) -> None:
+        """The caller has nothing to do: take part in a payload's copy that another thread is
+        making (``PendingPayload.finish(alone=False)``), until none of it is left to take."""
         ...
 
     def release(self, block_id: int, generation: int) -> None: ...

@@ -12,7 +12,9 @@ session, runs ``teardown``, closes process-local values and its shared-memory bl
 
 With ``worker_threads > 1`` a task's fetch runs on fetch threads (``mploader.worker.threads``);
 the loop waits on the task pipe and on finished fetches together, and replies to each finished
-fetch (collate, encode, send) on this thread, so the pipes and the channel stay single-threaded.
+fetch (collate, encode, send) on this thread, so the task pipe and the block pool stay
+single-threaded.  Only the copy of a large batch into its block, and the writes of the replies
+queued behind it, run on the reply thread (``mploader.worker.replies``), which keeps their order.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mploader.channel import WorkerEnd, open_worker_end
+from mploader.channel import PendingPayload, WorkerEnd, open_worker_end
 from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
 from mploader.polling import Poller
@@ -47,7 +49,6 @@ from mploader.worker.inherited import close_inherited
 from mploader.worker.item_random import TaskSeed
 from mploader.worker.memory import keep_large_allocations_on_heap
 from mploader.worker.messages import (
-    SEPARATE_FRAME_BYTES,
     IterableExhausted,
     Release,
     Resume,
@@ -56,6 +57,7 @@ from mploader.worker.messages import (
     TaskDone,
     WorkerReady,
 )
+from mploader.worker.replies import ReplySender
 from mploader.worker.resume import StateRecorder, WorkerSnapshot, restored_fetcher
 from mploader.worker.spec import WorkerSpec
 from mploader.worker.threads import FetchThreads, FinishedFetch
@@ -104,6 +106,7 @@ class WorkerLoop:
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
             spec.in_flight_per_worker,
         )
+        self.replies = ReplySender(results)
         self.released: list[tuple[int, int]] = []
         self.recorder = (StateRecorder(spec.fetch.dataset, spec.fetch.is_iterable)
                          if spec.record_state else None)
@@ -179,8 +182,11 @@ class WorkerLoop:
 
     def finish(self) -> None:
         # Fetch threads first: each closes its own session while the hooks are still active.
+        # Replies still being copied are written before the blocks they copy into are closed.
         close_threads = self.fetch_threads.close if self.fetch_threads else None
-        for step in (close_threads, deactivate_hooks, close_process_locals, self.channel.close):
+        steps = (close_threads, self.replies.close, deactivate_hooks, close_process_locals,
+                 self.channel.close)
+        for step in steps:
             if step is None:
                 continue
             try:
@@ -195,6 +201,8 @@ class WorkerLoop:
     def next_message(self) -> Any:
         """The next message to act on; ``None`` when the main process is gone."""
         while not self.inbox:
+            if not self.tasks_readable.ready(0):
+                self.channel.help_copy()  # idle: help copy the batch being sent, if any
             if not self.read_pipe(CHECK_INTERVAL_SECONDS) and not self.watchdog.parent_alive():
                 return None
         return self.inbox.popleft()
@@ -315,21 +323,22 @@ class WorkerLoop:
         self.reply(finished.task, finished.samples, finished.started, finished.fetched)
 
     def reply(self, task: Task, samples: Any, started: float, fetched: float) -> None:
-        """Collate and encode fetched samples, and send them as the task's result."""
+        """Collate and encode fetched samples, and send them as the task's result (a large
+        batch's copy into its block is made on the reply thread: ``mploader.worker.replies``)."""
         spec = self.spec
         self.take_arrived_releases()
         try:
             if spec.fetch.auto_collation and spec.fetch.uses_default_collate:
-                payload = self.channel.collate_and_encode(samples)
+                payload = self.channel.start_collate_and_encode(samples)
             else:
-                payload = self.channel.encode(spec.fetch.collate_fn(samples))
+                payload = self.channel.start_encode(spec.fetch.collate_fn(samples))
         except Exception as error:
             self.send_error(task, error)
             return
         timings = TaskTimings(started, fetched, time.monotonic())
         done = TaskDone(task.epoch, task.task_id, spec.worker_id, timings=timings,
                         state=self.snapshot() if task.record else None)
-        self.send(done, payload)
+        self.send(done, payload, task.indices)
 
     def send_error(self, task: Task, error: BaseException) -> None:
         remote = RemoteError.capture(error, self.spec.worker_id, self.pid, task.indices)
@@ -340,23 +349,15 @@ class WorkerLoop:
         """This worker's state right after its latest task, when the loader tracks state."""
         return None if self.recorder is None else self.recorder.snapshot(self.fetcher)
 
-    def send(self, message: Any, payload: bytes | None = None) -> None:
-        """Write one reply; a main process that closed its end (it stopped us, or it is exiting)
-        wants nothing more: the worker then ends quietly, with no traceback."""
+    def send(self, message: Any, payload: PendingPayload | None = None,
+             indices: Any = None) -> None:
+        """Write one reply (in order, see ``ReplySender``); a main process that closed its end
+        (it stopped us, or it is exiting) wants nothing more: the worker then ends quietly, with
+        no traceback."""
         try:
-            self._send(message, payload)
+            self.replies.send(message, payload, indices)
         except BrokenPipeError:
             raise _StopRequested from None
-
-    def _send(self, message: Any, payload: bytes | None) -> None:
-        if payload is not None and len(payload) >= SEPARATE_FRAME_BYTES:
-            message.payload_follows = True
-            self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-            self.results.send_bytes(payload)
-            return
-        if payload is not None:
-            message.payload = payload
-        self.results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,7 +18,7 @@ import os
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 # Freed memory below this much at the top of the heap is kept for reuse.
-_TRIM_THRESHOLD_BYTES = 1 << 30
+_TRIM_THRESHOLD_BYTES = (1 << 31) - 1
 
 
 def keep_large_allocations_on_heap() -> bool:

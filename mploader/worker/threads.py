@@ -12,9 +12,11 @@ single-threaded::
       task, parts in order) <---------------------------  calling thread's session)
     collate, encode (shared-memory pool), reply
 
-Only the loop thread reads and writes the pipes and touches the result channel: the block pool is
-single-threaded, and next to a network wait encoding is short, so it is serialized on that thread
-rather than locked (see the README's worker_threads section for the measurement).
+Only the loop thread reads the task pipe and touches the result channel's block pool (the reply
+thread of ``mploader.worker.replies`` makes large copies into acquired blocks and writes replies in
+order): the block pool is single-threaded, and next to a network wait encoding is short, so it is
+serialized on that thread rather than locked (see the README's worker_threads section for the
+measurement).
 
 A task under auto-collation is split into up to ``T`` contiguous parts of its indices (a
 ``__getitems__`` dataset only if it opts in with ``mploader_split_getitems = True``, see

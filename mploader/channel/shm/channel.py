@@ -30,7 +30,7 @@ import numpy as np
 
 from mploader.channel.collate import collate_samples
 from mploader.channel.forking import forking_own_worker
-from mploader.channel.protocol import BlockRelease
+from mploader.channel.protocol import BlockRelease, PendingPayload, ReadyPayload
 from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.copier import Copier, copy_threads
@@ -43,7 +43,7 @@ from mploader.channel.shm.names import (
     unlink_loader_names,
     unlink_quietly,
 )
-from mploader.channel.shm.pool import BlockPool
+from mploader.channel.shm.pool import Block, BlockPool
 from mploader.channel.shm.stats import ChannelStatistics, PoolStatistics
 from mploader.config import SharedMemoryConfig
 
@@ -76,6 +76,9 @@ class WorkerChannel:
         self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
                                pipeline_depth)
         self._copier = Copier(copy_threads(num_workers))
+        # (block_id, generation) of payloads whose finish() failed, maybe on another thread: a
+        # deque's append and popleft are atomic, so the pool is only ever touched by its owner.
+        self._unfilled: deque[tuple[int, int]] = deque()
         self._inline_leaves = 0
         self._block_leaves = 0
         self._messages = 0
@@ -83,15 +86,37 @@ class WorkerChannel:
 
     def encode(self, batch: Any) -> bytes:
         """Serialize ``batch`` (any picklable object) into a payload for ``MainChannel.decode``."""
-        self._check_open()
-        encoder = LeafEncoder(self._config.inline_threshold)
-        body = encoder.encode(batch)
-        return self._finish(encoder, body)
+        return self._finish_here(self.start_encode(batch))
 
     def collate_and_encode(self, samples: list[Any]) -> bytes:
         """``encode(default_collate(samples))``, with tensors stacked straight into the block."""
+        return self._finish_here(self.start_collate_and_encode(samples))
+
+    def _finish_here(self, pending: PendingPayload) -> bytes:
+        try:
+            return pending.finish()
+        finally:
+            self._free_unfilled()  # a failed copy's block is free again at once
+
+    def start_encode(self, batch: Any) -> PendingPayload:
+        """``batch`` pickled and its block acquired; the copy of its large leaves into the block
+        is left to the result's ``finish()``, which another thread may run."""
         self._check_open()
-        return self.encode(collate_samples(samples, into_block=True))
+        self._free_unfilled()
+        encoder = LeafEncoder(self._config.inline_threshold)
+        body = encoder.encode(batch)
+        return self._start(encoder, body)
+
+    def start_collate_and_encode(self, samples: list[Any]) -> PendingPayload:
+        """``start_encode(default_collate(samples))``; the stacking into the block is left to
+        ``finish()``."""
+        self._check_open()
+        return self.start_encode(collate_samples(samples, into_block=True))
+
+    def help_copy(self) -> None:
+        """Take part in a copy another thread is making with ``finish(alone=False)``, until no
+        part of it is left to take (the caller has nothing else to do meanwhile)."""
+        self._copier.help()
 
     def release(self, block_id: int, generation: int) -> None:
         """The main process holds no view of this block any more (stale releases are ignored)."""
@@ -147,16 +172,11 @@ class WorkerChannel:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _finish(self, encoder: LeafEncoder, body: bytes) -> bytes:
-        """Place the block leaves into a block of the pool and prepend the envelope."""
+    def _start(self, encoder: LeafEncoder, body: bytes) -> PendingPayload:
+        """Acquire the block the leaves go to and prepend the envelope; the copy waits."""
+        block = self._pool.acquire(encoder.block_bytes) if encoder.block_bytes else None
         block_ref = None
-        if encoder.block_bytes:
-            block = self._pool.acquire(encoder.block_bytes)
-            try:
-                encoder.fill(block.array, self._copier)
-            except BaseException:
-                self._pool.release(block.block_id, block.generation)  # never sent: free again
-                raise
+        if block is not None:
             block_ref = (block.block_id, block.generation, block.size, encoder.block_bytes)
         self._inline_leaves += encoder.inline_leaves
         self._block_leaves += encoder.block_leaves
@@ -164,11 +184,52 @@ class WorkerChannel:
         envelope = encode_envelope(
             self._worker_pid, block_ref, self._pool.take_retired(), self._statistics_values()
         )
-        return envelope + body
+        if block is None:
+            return ReadyPayload(envelope + body)
+        return _BlockPayload(envelope + body, encoder, block, self._copier, self._unfilled)
+
+    def _free_unfilled(self) -> None:
+        """Free the blocks of payloads whose copy failed (never sent), on the pool's thread."""
+        while self._unfilled:
+            self._pool.release(*self._unfilled.popleft())
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"WorkerChannel of worker {self.worker_id} is closed")
+
+
+class _BlockPayload:
+    """A payload whose block leaves are still to be copied into their (acquired) block."""
+
+    __slots__ = ("_block", "_copier", "_encoder", "_message", "_unfilled", "copy_bytes")
+
+    def __init__(self, message: bytes, encoder: LeafEncoder, block: Block, copier: Copier,
+                 unfilled: deque[tuple[int, int]]) -> None:
+        self._message = message
+        self._encoder: LeafEncoder | None = encoder
+        self._block = block
+        self._copier = copier
+        self._unfilled = unfilled
+        self.copy_bytes = encoder.block_bytes
+
+    def finish(self, alone: bool = True) -> bytes:
+        """Copy the leaves into the block (once) and return the payload.  On failure the block
+        goes back to the pool (the payload is never sent) and the error is raised.
+
+        Not ``alone``, the copy is shared with the loop thread when it falls idle
+        (``WorkerChannel.help_copy``) instead of split over the copier's threads: beside a
+        fetch on the other core, a second copy thread made the 600 MB batches of ``large`` with
+        persistent workers slower and unsteady (76-147 ms a batch against 90-97 ms), the three
+        contending for the memory."""
+        encoder, self._encoder = self._encoder, None  # the batch's sources are let go with it
+        if encoder is None:
+            raise RuntimeError("a payload is finished once")
+        try:
+            encoder.fill(self._block.array, self._copier, shared=not alone)
+        except BaseException:
+            self._unfilled.append((self._block.block_id, self._block.generation))
+            raise
+        return self._message
 
 
 class _WorkerIncarnation:

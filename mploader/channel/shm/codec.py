@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from mploader.channel.collate import PendingStack
-from mploader.channel.shm.copier import SPLIT_BYTES, Copier, row_ranges
+from mploader.channel.shm.copier import SHARED_PARTS, SPLIT_BYTES, Copier, row_ranges
 from mploader.channel.tensors import is_plain, torch_worker_dispatch_table
 
 FORMAT_VERSION = 1
@@ -194,17 +194,20 @@ class LeafEncoder(pickle.Pickler):
         self.dump(batch)
         return self._buffer.getvalue()
 
-    def fill(self, base: np.ndarray, copier: Copier | None = None) -> None:
+    def fill(self, base: np.ndarray, copier: Copier | None = None, shared: bool = False) -> None:
         """Write every block leaf into ``base`` (the block's ``uint8`` array): one copy each,
-        large ones split into row ranges over the ``copier``'s threads."""
+        large ones split into row ranges over the ``copier``'s threads (``shared``: into
+        ``SHARED_PARTS`` jobs, shared with the threads that help, see :class:`Copier`)."""
         copies, self._copies = self._copies, []
-        threads = 1 if copier is None else copier.threads
+        threads = 1 if copier is None else SHARED_PARTS if shared else copier.threads
         for offset, source in copies:
             parts = threads if _leaf_bytes(source) >= SPLIT_BYTES else 1
             jobs = _copy_jobs(base, offset, source, parts)
             if copier is None:
                 for job in jobs:
                     job()
+            elif shared:
+                copier.run_shared(jobs)
             else:
                 copier.run(jobs)
 

@@ -7,11 +7,19 @@ whose loader has fewer workers than cores leaves cores idle while it copies, so 
 ``SPLIT_BYTES`` are cut into row ranges copied by up to ``threads`` threads; with as many workers
 as cores (or more) a worker copies alone, as before.  numpy's ``copyto`` and torch's ``copy_``
 release the GIL while they copy.
+
+A copy made on the worker's reply thread while its loop thread fetches the next batch
+(``mploader.worker.replies``) is not split over extra threads: beside the fetch they only contend
+for the memory.  Its jobs are shared instead: the loop thread takes some whenever it has nothing
+else to do (a batch that takes no time to fetch, like ``large_collate``'s slices, is then still
+copied by two threads).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 SPLIT_BYTES = 64 << 20
 # More than this many threads gained nothing measurable on machines with more cores.
 _MAX_THREADS = 4
+# A shared copy (run_shared) is cut into this many jobs, so that a thread that falls idle midway
+# still finds work: an eighth of a 600 MB leaf is 5-7 ms.
+SHARED_PARTS = 8
 
 
 def copy_threads(num_workers: int) -> int:
@@ -31,11 +42,19 @@ def copy_threads(num_workers: int) -> int:
 
 
 class Copier:
-    """Runs a leaf's copy jobs on up to ``threads`` threads (made on first use, kept)."""
+    """Runs a leaf's copy jobs on up to ``threads`` threads (made on first use, kept), or, for a
+    copy made beside the worker's next fetch, shared with whichever thread is idle
+    (:meth:`run_shared`, :meth:`help`)."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._executor: ThreadPoolExecutor | None = None
+        # Jobs of the copy run_shared is making, for help() to take; the condition counts the
+        # jobs taken but not done, and keeps the first error one of them raised.
+        self._shared: deque[Callable[[], None]] = deque()
+        self._shared_done = threading.Condition()
+        self._unfinished = 0
+        self._error: BaseException | None = None
 
     def run(self, jobs: list[Callable[[], None]]) -> None:
         """Run every job; the first one here, the others on the pool's threads."""
@@ -50,6 +69,38 @@ class Copier:
         jobs[0]()
         for future in futures:
             future.result()
+
+    def run_shared(self, jobs: list[Callable[[], None]]) -> None:
+        """Run every job, on this thread and on any that calls :meth:`help` meanwhile; return
+        when all are done, raising the first error one of them raised."""
+        with self._shared_done:
+            self._unfinished += len(jobs)
+            self._shared.extend(jobs)
+        self.help()
+        with self._shared_done:
+            while self._unfinished:
+                self._shared_done.wait()
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def help(self) -> None:
+        """Run jobs of a shared copy until none is left to take (none: return at once)."""
+        while True:
+            try:
+                job = self._shared.popleft()
+            except IndexError:
+                return
+            try:
+                job()
+            except BaseException as error:  # raised by run_shared, on the copy's own thread
+                with self._shared_done:
+                    self._error = self._error or error
+            finally:
+                with self._shared_done:
+                    self._unfinished -= 1
+                    if not self._unfinished:
+                        self._shared_done.notify_all()
 
     def close(self) -> None:
         if self._executor is not None:
