@@ -17,7 +17,10 @@ import os
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-# Freed memory below this much at the top of the heap is kept for reuse.
+# Freed memory below this much at the top of the heap is kept for reuse: mallopt's largest value
+# (an int).  At 1 GiB, a worker that had two 600 MB arrays alive at once (the one its reply thread
+# copies, the next one being made: mploader.worker.replies) gave 1.2 GB back at every epoch's end
+# and faulted it in again.
 _TRIM_THRESHOLD_BYTES = (1 << 31) - 1
 
 
