@@ -201,8 +201,7 @@ class WorkerLoop:
     def next_message(self) -> Any:
         """The next message to act on; ``None`` when the main process is gone."""
         while not self.inbox:
-            if not self.tasks_readable.ready(0):
-                self.channel.help_copy()  # idle: help copy the batch being sent, if any
+            self.channel.help_copy()  # help copy the batch being sent, if any (else no cost)
             if not self.read_pipe(CHECK_INTERVAL_SECONDS) and not self.watchdog.parent_alive():
                 return None
         return self.inbox.popleft()
