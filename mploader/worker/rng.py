@@ -47,6 +47,11 @@ except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency, optiona
 
 _MT_WORDS = 624
 _MT_BYTES = 4 + _MT_WORDS * 4  # numpy: key[624] then pos; Python: index then state[624]
+# A fingerprint reads a Mersenne Twister's position and its first words, not all 624: each draw
+# moves the position, and a draw that brings it back round (624 words) regenerates every word.
+# Reading 2.5 KB three times a batch (cold, between two fetches) was most of what state tracking
+# cost a small batch in its worker.
+_WATCHED_WORDS = 8
 
 
 @dataclass(slots=True)
@@ -139,7 +144,7 @@ _NORMAL_CACHE_BYTES = 40
 _SEARCHED_BYTES = 8192  # how far from the implementation's address the engine is looked for
 
 
-def _torch_fingerprint() -> Callable[[], bytes] | None:
+def _torch_fingerprint() -> Callable[[], Any] | None:
     """A reader of the default generator's live engine and normal-sample cache, or ``None``
     where it cannot be found and verified."""
     try:
@@ -148,9 +153,10 @@ def _torch_fingerprint() -> Callable[[], bytes] | None:
         return None
     if address is None:
         return None
-    window = (ctypes.c_char * (_ENGINE_HEAD_BYTES + _MT_WORDS * 4 + _NORMAL_CACHE_BYTES))
-    words = window.from_address(address - _ENGINE_HEAD_BYTES)  # read in place, made once
-    fingerprint = lambda: words.raw  # noqa: E731
+    head = (ctypes.c_char * (_ENGINE_HEAD_BYTES + _WATCHED_WORDS * 4)).from_address(
+        address - _ENGINE_HEAD_BYTES)  # read in place, made once
+    normal_cache = (ctypes.c_char * _NORMAL_CACHE_BYTES).from_address(address + _MT_WORDS * 4)
+    fingerprint = lambda: (head.raw, normal_cache.raw)  # noqa: E731
     saved = _default_generator.get_state()
     try:
         changes = []
@@ -235,8 +241,9 @@ def _numpy_fingerprint() -> Callable[[], bytes] | None:
         return None
     if not isinstance(address, int):
         return None
-    words = (ctypes.c_char * _MT_BYTES).from_address(address)  # read in place, made once
-    return lambda: words.raw
+    words = (ctypes.c_char * (_WATCHED_WORDS * 4)).from_address(address)  # read in place
+    position = ctypes.c_int.from_address(address + _MT_WORDS * 4)  # pos, after key[624]
+    return lambda: (words.raw, position.value)
 
 
 def _python_fingerprint() -> Callable[[], Any] | None:
@@ -244,7 +251,7 @@ def _python_fingerprint() -> Callable[[], Any] | None:
     address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
     if type(generator).__basicsize__ < object.__basicsize__ + _MT_BYTES:
         return None
-    words = (ctypes.c_char * _MT_BYTES).from_address(address)  # read in place, made once
+    words = (ctypes.c_char * (4 + _WATCHED_WORDS * 4)).from_address(address)  # index, words
     return lambda: (words.raw, generator.gauss_next)
 
 

@@ -60,3 +60,20 @@ def test_torch_is_watched_in_place_and_misses_no_draw() -> None:
         if not torch.equal(torch.get_rng_state(), state) and watch._torch_print() == print_:
             missed.append(name)
     assert missed == []
+
+
+def test_a_draw_of_a_whole_cycle_is_noticed() -> None:
+    """The fingerprints read a Mersenne Twister's position and first words, not all 624: a draw
+    of exactly 624 words brings the position back where it was, but regenerates the words."""
+    watch = rng.RngWatch()
+    watch.capture_if_changed()
+    position = np.random.get_state()[2]
+    np.random.randint(0, 2**32, size=624, dtype=np.uint32)  # one 32-bit word each
+    assert np.random.get_state()[2] == position
+    assert watch.capture_if_changed() is not None
+    index = random.getstate()[1][-1]
+    for _ in range(624):
+        random.getrandbits(32)
+    assert random.getstate()[1][-1] == index
+    assert watch.capture_if_changed() is not None
+    assert watch.capture_if_changed() is None
