@@ -232,7 +232,7 @@ class RngWatch:
         return state
 
 
-def _numpy_fingerprint() -> Callable[[], bytes] | None:
+def _numpy_fingerprint() -> Callable[[], Any] | None:
     if np is None:
         return None
     try:
