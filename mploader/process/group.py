@@ -36,6 +36,7 @@ from mploader.worker.messages import (
 )
 from mploader.worker.resume import WorkerRestore
 from mploader.worker.spec import WorkerSpec
+from mploader.worker.start_gate import StartGate
 
 _log = logging.getLogger("mploader")
 
@@ -127,6 +128,8 @@ class WorkerGroup:
         self.template = template
         # A resumed worker's starting state (DataLoader.load_state_dict), per worker id.
         self.restores: list[WorkerRestore | None] = restores or [None] * num_workers
+        # Forked workers start together once all are forked (mploader.worker.start_gate).
+        self._start_gate = StartGate() if self.forking and num_workers > 1 else None
         self._prepared = [self._prepare(worker_id, template.epoch)
                           for worker_id in range(num_workers)]
         self.handles = [handle for handle, _ in self._prepared]
@@ -148,6 +151,7 @@ class WorkerGroup:
                     self._prepared.append((handle, ends))
                 else:
                     errors.append(self._try_launch(handle, ends))
+            self._open_start_gate()
         else:  # spawn and forkserver start an interpreter each: start them together
             with ThreadPoolExecutor(max_workers=min(len(prepared), 16)) as pool:
                 errors = list(pool.map(lambda item: self._try_launch(*item), prepared))
@@ -161,6 +165,13 @@ class WorkerGroup:
         for error in errors:
             if error is not None:
                 raise error
+
+    def _open_start_gate(self) -> None:
+        """Let the forked workers go (and fork no more through the gate: restarts start at
+        once)."""
+        gate, self._start_gate = self._start_gate, None
+        if gate is not None:
+            gate.open(len(self.handles))
 
     @staticmethod
     def _stop_unwatched(prepared: list[tuple[WorkerHandle, Any]]) -> None:
@@ -185,6 +196,8 @@ class WorkerGroup:
             epoch=epoch,
             inherited_fds_to_close=inherited_fds.main_side_fds() if self.forking else (),
             restore=self.restores[worker_id],
+            start_gate=(self._start_gate.ends_for(worker_id)
+                        if self._start_gate is not None else None),
         )
         name = f"mploader-worker-{worker_id}"
         process: Any
@@ -378,6 +391,7 @@ class WorkerGroup:
             if self.closed or os.getpid() != self.owner_pid:
                 return []  # already done, or a copy inherited by a forked child: not ours
             self.closed = True
+        self._open_start_gate()  # never started (or started in part): nothing to hold back
         self.waiter.wake()  # another thread blocked in wait() returns and lets go of the lock
         drained: list[Event] = []
         with self._wait_lock:

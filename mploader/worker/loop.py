@@ -60,6 +60,7 @@ from mploader.worker.messages import (
 from mploader.worker.replies import ReplySender
 from mploader.worker.resume import StateRecorder, WorkerSnapshot, restored_fetcher
 from mploader.worker.spec import WorkerSpec
+from mploader.worker.start_gate import wait_at_start_gate
 from mploader.worker.threads import FetchThreads, FinishedFetch
 from mploader.worker.watchdog import CHECK_INTERVAL_SECONDS, ParentWatchdog
 
@@ -74,6 +75,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     """Entry point of a worker process (the ``Process`` target)."""
     # Ctrl-C reaches the whole process group; the main process decides what happens, not us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wait_at_start_gate(spec.start_gate)  # forked: until the whole group is forked
     faulthandler.enable()  # a segfault in native code prints the Python stack to stderr
     # `kill -USR1 <worker pid>` prints what every thread of the worker is doing, then goes on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -10,6 +10,7 @@ from mploader.worker.fetch import FetchSettings
 from mploader.worker.hooks import WorkerHooks
 from mploader.worker.inherited import InheritedFds
 from mploader.worker.resume import WorkerRestore
+from mploader.worker.start_gate import GateEnds
 
 
 @dataclass
@@ -39,3 +40,6 @@ class WorkerSpec:
     parent_is_zygote: bool = False
     # An IterDataPipe's shared seed for the worker's first epoch (mploader.worker.datapipes).
     shared_seed: int | None = None
+    # Forked with the rest of its group: the group's start gate, which the worker closes (and
+    # waits on first, but for the first worker) before it starts (mploader.worker.start_gate).
+    start_gate: GateEnds | None = None
