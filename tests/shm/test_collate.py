@@ -12,6 +12,7 @@ from _shm_helpers import Loopback
 from torch.utils.data import default_collate
 
 from mploader.channel.plain import PlainMainEnd, PlainWorkerEnd
+from mploader.channel.shm import codec
 from mploader.config import SharedMemoryConfig
 from mploader.worker.info import make_worker_info, set_worker_info
 
@@ -61,6 +62,10 @@ SAMPLE_TABLE = {
     "repeated_tensor": [image(0)] * 8,
     "non_contiguous": [image(index).transpose(1, 2) for index in range(4)],
     "promoted_dtypes": [torch.ones(20000, dtype=torch.int32), torch.ones(20000)],
+    "conjugated": [torch.full((3000,), complex(index, 1), dtype=torch.complex64).conj()
+                   for index in range(4)],
+    "negative_views": [torch.full((3000,), complex(1, index), dtype=torch.complex64).conj().imag
+                       for index in range(4)],  # the neg bit set, and strided
 }
 
 
@@ -91,6 +96,18 @@ def loop():
 
 @pytest.mark.parametrize("name", list(SAMPLE_TABLE))
 def test_matches_default_collate(loop, name):
+    samples = SAMPLE_TABLE[name]
+    received = loop.collate(samples)
+    assert_same(received, default_collate(samples))
+    del received
+    loop.deliver_releases()
+
+
+@pytest.mark.parametrize("name", list(SAMPLE_TABLE))
+def test_matches_default_collate_when_stacked_row_by_row(loop, name, monkeypatch):
+    """Stacks from 64 MiB up are copied a row at a time, over the copy threads; here every
+    stack is, so that each dtype and kind of tensor goes that way too."""
+    monkeypatch.setattr(codec, "_COPY_LOOP_BYTES", 0)
     samples = SAMPLE_TABLE[name]
     received = loop.collate(samples)
     assert_same(received, default_collate(samples))
