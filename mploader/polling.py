@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import time
 
 
 class Poller:
@@ -50,6 +51,72 @@ class Poller:
     def readable(self, timeout: float | None) -> set[int]:
         """The fds that are readable (or hung up) within ``timeout`` seconds."""
         return {fd for fd, _ in self.ready(timeout)}
+
+
+def spin_seconds() -> float:
+    """How long a :class:`SpinningWait` may spin: ``MPLOADER_SPIN_US`` microseconds (default
+    200; 0 turns spinning off, for machines where every core is someone else's too)."""
+    try:
+        microseconds = float(os.environ.get("MPLOADER_SPIN_US", _DEFAULT_SPIN_US))
+    except ValueError:
+        microseconds = _DEFAULT_SPIN_US
+    return max(0.0, microseconds) / 1e6
+
+
+# Long enough for the next small task or result to come (they came 50-200 us apart in
+# small_ints), short enough that a spin that does not pay off costs little.
+_DEFAULT_SPIN_US = 200.0
+
+
+class SpinningWait:
+    """Waits on a :class:`Poller` that first spin (poll, yield the CPU, poll again) for up to
+    ``spin_seconds`` before sleeping in the kernel, as long as spinning has paid off lately.
+
+    Waking a process that sleeps in ``poll`` costs its waker about 15 us in ``write`` on this VM
+    (most of the main process's CPU for a small batch), and the sleeper as much again before it
+    runs.  A worker whose next task comes within a few hundred microseconds is better off not
+    sleeping, and so is the main process when the next result does.  Spinning when the wait is
+    longer only takes CPU from the other processes (it yields the CPU between polls, so they
+    run first when they can).  So a wait spins while most recent spins ended with an fd ready
+    (``score``, a moving average over about 8 spins); once they do not, only one wait in
+    ``_PROBE_EVERY`` spins, to notice when they would again.  (versus.py, 2 workers:
+    small_ints 0.087 -> 0.060 ms a batch with workers spinning, small_tensors 0.16 -> 0.14 ms
+    with both sides spinning; medium, whose waits are longer, unchanged.)
+    """
+
+    _PROBE_EVERY = 16
+
+    def __init__(self, poller: Poller, spin_seconds: float) -> None:
+        self.poller = poller
+        self.spin_seconds = spin_seconds
+        self.score = 1.0
+        self._waits = 0
+
+    def ready(self, timeout: float | None) -> list[tuple[int, int]]:
+        """:meth:`Poller.ready`, spinning first when that has paid off (never past
+        ``timeout``)."""
+        ready = self.poller.ready(0)
+        if ready or self.spin_seconds <= 0 or (timeout is not None and timeout <= 0):
+            return ready or self.poller.ready(timeout)
+        self._waits += 1
+        if self.score >= 0.5 or self._waits % self._PROBE_EVERY == 0:
+            spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
+            started = time.monotonic()
+            ready = self._spin(started + spin)
+            self.score += (bool(ready) - self.score) / 8
+            if ready:
+                return ready
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
+        return self.poller.ready(timeout)
+
+    def _spin(self, deadline: float) -> list[tuple[int, int]]:
+        while time.monotonic() < deadline:
+            os.sched_yield()
+            ready = self.poller.ready(0)
+            if ready:
+                return ready
+        return []
 
 
 def readable(fds: list[int], timeout: float | None) -> set[int]:

@@ -23,7 +23,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mploader.polling import Poller, WakePipe
+from mploader.polling import Poller, SpinningWait, WakePipe, spin_seconds
 
 # Larger pipe buffers let a worker finish writing a medium result without waiting for the main
 # process to read, and let many prefetched task frames sit in the pipe.  1 MiB is the default
@@ -104,6 +104,7 @@ class Waiter:
 
     def __init__(self) -> None:
         self._poller = Poller()
+        self._arrival = SpinningWait(self._poller, spin_seconds())  # a result, an end, a wake
         self._read_fds: set[int] = set()
         self._write_fds: set[int] = set()
         self.closed = False
@@ -141,7 +142,7 @@ class Waiter:
 
     def wait(self, timeout: float | None) -> list[tuple[int, int]]:
         """Ready (fd, event mask) pairs; empty on timeout.  ``None`` waits forever."""
-        events = self._poller.ready(timeout)
+        events = self._arrival.ready(timeout)
         wakeup = self._wakeup.read_fd
         if any(fd == wakeup for fd, _ in events):
             self._wakeup.drain()

@@ -35,7 +35,7 @@ import torch
 from mploader.channel import PendingPayload, WorkerEnd, open_worker_end
 from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
-from mploader.polling import Poller
+from mploader.polling import Poller, SpinningWait, spin_seconds
 from mploader.worker.datapipes import seed_datapipe
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import (
@@ -103,6 +103,7 @@ class WorkerLoop:
         # Whether the task pipe holds a frame (or was closed), for the loop thread, the pipes'
         # only reader; with fetch threads, whether a fetch finished too (mploader.polling).
         self.tasks_readable = Poller(tasks.fileno())
+        self.next_task_arrived = SpinningWait(self.tasks_readable, spin_seconds())
         self.tasks_or_fetches: Poller | None = None
         self.channel: WorkerEnd = open_worker_end(
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
@@ -212,7 +213,7 @@ class WorkerLoop:
         """Move every frame already in the pipe (and every finished fetch) into the inbox,
         waiting up to ``timeout``."""
         if self.fetch_threads is None or self.tasks_or_fetches is None:
-            if not self.tasks_readable.ready(timeout):
+            if not self.next_task_arrived.ready(timeout):
                 return False
         else:
             ready = self.tasks_or_fetches.readable(timeout)
