@@ -19,8 +19,9 @@ hangs.
 from __future__ import annotations
 
 import os
-import select
 from typing import NamedTuple
+
+from mploader.polling import Poller
 
 # Far longer than forking a group takes (milliseconds), short enough to be harmless if missed.
 WAIT_SECONDS = 1.0
@@ -70,7 +71,7 @@ def wait_at_start_gate(ends: GateEnds | None) -> None:
         return
     os.close(ends.write_fd)
     try:
-        if ends.wait and select.select([ends.read_fd], [], [], WAIT_SECONDS)[0]:
+        if ends.wait and Poller(ends.read_fd).ready(WAIT_SECONDS):  # poll: any fd number
             os.read(ends.read_fd, 1)  # this worker's byte
     finally:
         os.close(ends.read_fd)
