@@ -148,7 +148,7 @@ class ReplySender:
                                                 reply.indices)
             message.timings = None
             return None
-        if isinstance(message, TaskDone) and message.timings is not None:
+        if reply.payload.copy_bytes and isinstance(message, TaskDone) and message.timings:
             timings = message.timings
             message.timings = TaskTimings(timings.started, timings.fetched, time.monotonic())
         return payload
