@@ -4,16 +4,16 @@ A batch of hundreds of MB costs its worker two long steps: the dataset making it
 ``np.full`` is about 80 ms here) and the copy of its leaves into a shared-memory block (about
 50 ms).  Made one after the other on the loop thread, the worker's next batch waits for this
 batch's copy.  :class:`ReplySender` instead hands a reply whose payload still has at least
-``BACKGROUND_COPY_BYTES`` to copy to its sending thread, which makes the copy and writes the
+``BACKGROUND_COPY_BYTES`` to copy to its reply thread, which makes the copy and writes the
 reply while the loop thread fetches the next task: the two steps overlap, on two cores, and the
 worker delivers a batch every ``max(make, copy)`` instead of every ``make + copy``.
 
-Order is kept by one rule: while a reply is queued or being written by the sending thread, every
+Order is kept by one rule: while a reply is queued or being written by the reply thread, every
 later reply queues behind it; otherwise the loop thread writes it itself, at once (small batches
 never pay a thread hand-off).  So the pipe has one writer at a time, and the main process sees
 replies in the order the loop made them, as before.
 
-If a queued copy fails, the sending thread replies with the task's error instead (the copy was
+If a queued copy fails, the reply thread replies with the task's error instead (the copy was
 the last step of the task).  If the pipe is closed (the main process stopped reading), the next
 :meth:`ReplySender.send` raises ``BrokenPipeError``, as a write of its own would.
 """
@@ -34,7 +34,7 @@ from mploader.errors import RemoteError
 from mploader.monitor.events import TaskTimings
 from mploader.worker.messages import SEPARATE_FRAME_BYTES, TaskDone
 
-# Replies with at least this much left to copy go to the sending thread: the hand-off costs tens
+# Replies with at least this much left to copy go to the reply thread: the hand-off costs tens
 # of microseconds, a 64 MiB copy about 5 ms.
 BACKGROUND_COPY_BYTES = 64 << 20
 
@@ -52,11 +52,11 @@ class ReplySender:
     def __init__(self, results: Connection) -> None:
         self._results = results
         self._queue: queue.SimpleQueue[_Reply | None] = queue.SimpleQueue()
-        # Replies queued or being written by the sending thread.  The loop thread adds, the
-        # sending thread takes away; the loop writes a reply itself only when this is 0.
+        # Replies queued or being written by the reply thread.  The loop thread adds, the
+        # reply thread takes away; the loop writes a reply itself only when this is 0.
         self._queued = 0
         self._all_written = threading.Condition()  # guards _queued
-        self._failure: BaseException | None = None  # met by the sending thread
+        self._failure: BaseException | None = None  # met by the reply thread
         self._thread: threading.Thread | None = None
 
     def send(self, message: Any, payload: PendingPayload | None = None,
@@ -86,7 +86,7 @@ class ReplySender:
         self._raise_failure()
 
     def close(self) -> None:
-        """Write what is queued, then end the sending thread.  Idempotent; raises nothing."""
+        """Write what is queued, then end the reply thread.  Idempotent; raises nothing."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -97,7 +97,7 @@ class ReplySender:
         thread.join()
 
     def _raise_failure(self) -> None:
-        """What the sending thread met, raised on the loop thread: a closed pipe as
+        """What the reply thread met, raised on the loop thread: a closed pipe as
         ``BrokenPipeError`` (the main process stopped reading), anything else as it was."""
         failure = self._failure
         if failure is None:
