@@ -95,19 +95,22 @@ class SpinningWait:
     def ready(self, timeout: float | None) -> list[tuple[int, int]]:
         """:meth:`Poller.ready`, spinning first when that has paid off (never past
         ``timeout``)."""
-        ready = self.poller.ready(0)
-        if ready or self.spin_seconds <= 0 or (timeout is not None and timeout <= 0):
-            return ready or self.poller.ready(timeout)
+        if self.spin_seconds <= 0 or (timeout is not None and timeout <= 0):
+            return self.poller.ready(timeout)
         self._waits += 1
-        if self.score >= 0.5 or self._waits % self._PROBE_EVERY == 0:
-            spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
-            started = time.monotonic()
-            ready = self._spin(started + spin)
-            self.score += (bool(ready) - self.score) / 8
-            if ready:
-                return ready
-            if timeout is not None:
-                timeout = max(0.0, timeout - (time.monotonic() - started))
+        if self.score < 0.5 and self._waits % self._PROBE_EVERY:
+            return self.poller.ready(timeout)  # spins have not paid off lately: sleep at once
+        ready = self.poller.ready(0)
+        if ready:
+            return ready  # nothing to wait for: not a spin, neither paid off nor wasted
+        spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
+        started = time.monotonic()
+        ready = self._spin(started + spin)
+        self.score += (bool(ready) - self.score) / 8
+        if ready:
+            return ready
+        if timeout is not None:
+            timeout = max(0.0, timeout - (time.monotonic() - started))
         return self.poller.ready(timeout)
 
     def _spin(self, deadline: float) -> list[tuple[int, int]]:

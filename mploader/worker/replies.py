@@ -80,9 +80,7 @@ class ReplySender:
 
     def flush(self) -> None:
         """Wait until every queued reply is written (or the pipe found closed)."""
-        with self._all_written:
-            while self._queued:
-                self._all_written.wait()
+        self._wait_all_written()
         self._raise_failure()
 
     def close(self) -> None:
@@ -90,11 +88,14 @@ class ReplySender:
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        self._wait_all_written()
+        self._queue.put(None)
+        thread.join()
+
+    def _wait_all_written(self) -> None:
         with self._all_written:
             while self._queued:
                 self._all_written.wait()
-        self._queue.put(None)
-        thread.join()
 
     def _raise_failure(self) -> None:
         """What the reply thread met, raised on the loop thread: a closed pipe as
