@@ -76,6 +76,17 @@ def is_watched(directory: Path) -> bool:
     return time.time() - mtime < WATCHING_FRESH_SECONDS
 
 
+def published_files(directory: Path) -> list[Path]:
+    """The processes' files in ``directory``: ``<pid>.json``.  Not the watching file, and not a
+    write in progress (``write_private_json``'s temporary ``.*.tmp``, renamed when complete)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [directory / name for name in names
+            if name.endswith(".json") and name[: -len(".json")].isdigit()]
+
+
 def write_private_json(directory: Path, name: str, document: Any) -> None:
     """Write ``directory/name`` atomically, mode 0600."""
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")

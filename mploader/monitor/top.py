@@ -26,6 +26,7 @@ from mploader.monitor.publish import (
     WATCHING_FILE,
     make_private_dir,
     publish_dir,
+    published_files,
 )
 from mploader.monitor.stats import aligned_columns, count_of, format_megabytes, format_seconds
 
@@ -60,9 +61,7 @@ def touch_watching(directory: Path) -> None:
 def read_published(directory: Path, pid: int | None = None) -> list[Published]:
     """The live processes' files, oldest process first; dead processes' files are removed."""
     processes = []
-    for path in directory.glob("*.json"):
-        if not path.stem.isdigit():
-            continue
+    for path in published_files(directory):
         try:
             document = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,8 +130,9 @@ def _iterate(seconds: float, each_batch: Callable[[], None], num_workers: int) -
             break
 
 
-@pytest.mark.parametrize("case", ["watched", "watched, num_workers=0", "nobody watching",
-                                  "watching is stale", "MPLOADER_PUBLISH=0", "dir is a symlink"])
+@pytest.mark.parametrize("case", ["watched", "watched, num_workers=0", "watched, slow writes",
+                                  "nobody watching", "watching is stale", "MPLOADER_PUBLISH=0",
+                                  "dir is a symlink"])
 def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
                                  monkeypatch: pytest.MonkeyPatch,
                                  caplog: pytest.LogCaptureFixture) -> None:
@@ -148,12 +150,24 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         os.utime(directory / publish.WATCHING_FILE, (old, old))
     if case == "MPLOADER_PUBLISH=0":
         monkeypatch.setenv("MPLOADER_PUBLISH", "0")
+    if case == "watched, slow writes":
+        # Each write's temporary file lingers beside the published ones before its rename: what
+        # top reads (and what this test counts as published) must not include it.
+        dump = publish.json.dump
+
+        def slow_dump(document: object, file: Any) -> None:
+            dump(document, file)
+            time.sleep(0.2)
+
+        monkeypatch.setattr(publish.json, "dump", slow_dump)
     monkeypatch.setattr(publisher, "_publisher", publisher.Publisher())  # reads MPLOADER_PUBLISH
     seen: set[str] = set()
     frames: list[str] = []
 
     def look() -> None:
-        seen.update(name for name in os.listdir(directory) if name != publish.WATCHING_FILE)
+        if case.startswith("watched"):
+            top.touch_watching(directory)  # as a live top does at each refresh
+        seen.update(path.name for path in publish.published_files(directory))
         if seen and not frames:
             frames.append(top.format_frame(top.read_published(directory), "me"))
 
@@ -167,6 +181,7 @@ def test_what_a_loader_publishes(runtime_dir: Path, tmp_path: Path, case: str,
         assert _gone_within(directory / f"{os.getpid()}.json", seconds=5)
     else:
         assert seen == set()
+        assert set(os.listdir(directory)) <= {publish.WATCHING_FILE}  # no file, finished or not
     warnings = [record.getMessage() for record in caplog.records
                 if "publish" in record.getMessage()]
     if case == "dir is a symlink":
