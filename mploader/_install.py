@@ -25,6 +25,8 @@ from typing import Any
 
 import torch.utils.data
 
+from mploader.compat import torch as torch_compat
+
 _lock = threading.Lock()
 _original_get_iterator: Any = None
 _MISSING = object()
@@ -65,8 +67,8 @@ def install() -> Installation:
     torch_loader = torch.utils.data.DataLoader
     with _lock:
         if _original_get_iterator is None:
-            _original_get_iterator = torch_loader._get_iterator
-            torch_loader._get_iterator = _mploader_get_iterator  # type: ignore[method-assign,assignment]
+            _original_get_iterator = torch_compat.iterator_factory(torch_loader)
+            torch_compat.set_iterator_factory(torch_loader, _mploader_get_iterator)
             _original_init_subclass = vars(torch_loader).get("__init_subclass__", _MISSING)
             torch_loader.__init_subclass__ = classmethod(_warn_on_new_subclass)  # type: ignore[assignment]
     for subclass in _subclasses(torch_loader):
@@ -80,7 +82,7 @@ def uninstall() -> None:
     torch_loader = torch.utils.data.DataLoader
     with _lock:
         if _original_get_iterator is not None:
-            torch_loader._get_iterator = _original_get_iterator  # type: ignore[method-assign]
+            torch_compat.set_iterator_factory(torch_loader, _original_get_iterator)
             _original_get_iterator = None
             if _original_init_subclass is _MISSING:
                 del torch_loader.__init_subclass__
@@ -113,11 +115,12 @@ def _subclasses(root: type) -> list[type]:
 def _warn_if_not_taken_over(cls: type) -> None:
     from mploader.loader import DataLoader as MploaderDataLoader
 
-    resolved = getattr(cls, "_get_iterator", None)
-    if resolved in (_mploader_get_iterator, MploaderDataLoader._get_iterator):
+    factory = torch_compat.ITERATOR_FACTORY
+    resolved = getattr(cls, factory, None)
+    if resolved in (_mploader_get_iterator, torch_compat.iterator_factory(MploaderDataLoader)):
         return  # torch's method (swapped) or mploader's own loader
-    owner = next(klass for klass in cls.__mro__ if "_get_iterator" in vars(klass))
-    if _calls_super_get_iterator(vars(owner)["_get_iterator"]):
+    owner = next(klass for klass in cls.__mro__ if factory in vars(klass))
+    if _calls_super_get_iterator(vars(owner)[factory]):
         return  # PyG's NodeLoader/LinkLoader: wraps the iterator super() gives, i.e. ours
     if cls in _warned_classes:
         return
@@ -136,7 +139,7 @@ def _warn_if_not_taken_over(cls: type) -> None:
 def _calls_super_get_iterator(method: Any) -> bool:
     """Whether an override's body is ``... super()._get_iterator() ...`` (it gets our iterator)."""
     code = getattr(method, "__code__", None)
-    return code is not None and {"super", "_get_iterator"} <= set(code.co_names)
+    return code is not None and {"super", torch_compat.ITERATOR_FACTORY} <= set(code.co_names)
 
 
 def _name(cls: type) -> str:

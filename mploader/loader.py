@@ -1,61 +1,37 @@
-"""``mploader.DataLoader``: torch 2.13's constructor, checks and length rules; mploader's iterator.
+"""``mploader.DataLoader``: torch's own constructor, checks and length rules; mploader's iterator.
 
-It subclasses ``torch.utils.data.DataLoader`` only so that ``isinstance`` checks in other libraries
-(Lightning, PyG) keep working; it does not call torch's ``__init__`` or use torch's iterators.
+A subclass of the installed torch's ``DataLoader``: its ``__init__`` takes mploader's keyword-only
+additions, checks them, and hands every torch argument to ``torch.utils.data.DataLoader.__init__``,
+so that each torch version (2.6 to 2.14) applies its own defaults, checks, warnings and error
+messages.  ``__len__``, ``multiprocessing_context`` and the attributes frozen after construction
+are torch's too.  What mploader replaces is where ``__iter__`` gets its iterator
+(``_get_iterator``), and ``__iter__`` itself, which wraps each epoch for resume tracking.
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing as python_multiprocessing
 import os
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import torch
 import torch.utils.data
-from torch.utils.data import (
-    BatchSampler,
-    Dataset,
-    IterableDataset,
-    IterDataPipe,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
-from torch.utils.data._utils import collate as torch_collate
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from mploader.iterator.datapipes import apply_shuffle, wrap_for_serialization
 from mploader.iterator.latest import LatestStats
 from mploader.monitor.stats import LoaderStats
 from mploader.worker.hooks import WorkerHooks
 
 T_co = TypeVar("T_co", covariant=True)
 
-_FROZEN_AFTER_INIT = (
-    "batch_size",
-    "batch_sampler",
-    "sampler",
-    "drop_last",
-    "dataset",
-    "persistent_workers",
-)
-
-
-class _InfiniteConstantSampler(Sampler[None]):
-    """The sampler of an iterable dataset: ``None`` forever (torch's, re-stated)."""
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        while True:
-            yield None
-
 
 class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[type-arg]
     """A drop-in ``torch.utils.data.DataLoader`` whose multi-process iterator is mploader's.
 
-    The first seventeen arguments are torch 2.13's, with torch's defaults, checks and error
-    messages.  The keyword-only additions:
+    The first seventeen arguments are the installed torch's (2.6 to 2.14): torch's own
+    ``__init__`` takes them, with its defaults, checks, warnings and error messages.  The
+    keyword-only additions, all optional:
 
     * ``worker_hooks``: a :class:`mploader.WorkerHooks` whose ``setup``/``create_session``/
       ``close_session``/``teardown`` run in each worker (in the main process when
@@ -70,15 +46,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
       batches before every n-th, and ``state_dict()`` describes the last such snapshot plus the
       batches since, which a resumed loader makes again and drops (exact either way).  ``0``: no
       snapshot after the epoch's start.  ``None`` turns tracking off, and ``state_dict()``.
-
-    ``state_dict()`` / ``load_state_dict(state)``: mid-epoch resume (see :meth:`state_dict`).
     * ``worker_threads``: each worker process runs up to this many fetches at once on its own
       threads (network-bound datasets), each fetch thread with its own session; the batches and
       their order are unchanged.  Map-style datasets only.
-    """
 
-    dataset: Dataset[T_co]  # type: ignore[assignment]
-    _DataLoader__initialized = False
+    ``state_dict()`` / ``load_state_dict(state)``: mid-epoch resume (see :meth:`state_dict`).
+    ``stats()``: a snapshot of the workers and where the time goes.
+    """
 
     def __init__(
         self,
@@ -107,39 +81,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         snapshot_every_n_steps: int | None = 1,
         worker_threads: int = 1,
     ) -> None:
-        if num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; "
-                "use num_workers=0 to disable multiprocessing."
-            )
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing."
-                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
-                "to None."
-            )
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
         _check_additions(dataset, worker_hooks, shared_memory, max_worker_restarts)
         _check_snapshot_every_n_steps(snapshot_every_n_steps)
         _check_worker_threads(dataset, worker_threads)
-
-        self.dataset = wrap_for_serialization(dataset)  # a datapipe travels in torch's wrapper
-        self._dataset_kind = 1 if isinstance(dataset, IterableDataset) else 0  # torch's values
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.in_order = in_order
+        if trace is not None:
+            _check_trace_folder(os.fspath(trace))
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
         self.worker_hooks = worker_hooks
         self.shared_memory = shared_memory
         self.max_worker_restarts = max_worker_restarts
@@ -149,142 +101,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.trace_recorder: Any = None
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.worker_threads = worker_threads
-        if self.trace is not None:
-            _check_trace_folder(self.trace)
-
-        if isinstance(dataset, IterableDataset):
-            if isinstance(dataset, IterDataPipe):
-                if shuffle is not None:
-                    apply_shuffle(dataset, shuffle)
-            elif shuffle not in {False, None}:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
-                    f"but got shuffle={shuffle}"
-                )
-            if sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified sampler option, "
-                    f"but got sampler={sampler}"
-                )
-            if batch_sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified "
-                    f"batch_sampler option, but got batch_sampler={batch_sampler}"
-                )
-        else:
-            shuffle = bool(shuffle)
-
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive "
-                    "with batch_size, shuffle, sampler, and "
-                    "drop_last"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None and drop_last:
-            raise ValueError(
-                "batch_size=None option disables auto-batching "
-                "and is mutually exclusive with drop_last"
-            )
-
-        if sampler is None:
-            if isinstance(dataset, IterableDataset):
-                sampler = _InfiniteConstantSampler()
-            elif shuffle:
-                sampler = RandomSampler(dataset, generator=generator)  # type: ignore[arg-type]
-            else:
-                sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
-
-        if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
-
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.generator = generator
-
-        if collate_fn is None:
-            if self._auto_collation:
-                collate_fn = torch_collate.default_collate
-            else:
-                collate_fn = torch_collate.default_convert
-        self.collate_fn = collate_fn
-        self.persistent_workers = persistent_workers
-
-        self._DataLoader__initialized = True
-        self._IterableDataset_len_called = None  # set by __len__ (torch's NOTE on it)
-        self._iterator: Any = None
         self._latest_stats = LatestStats()  # what stats() answers from
         self.resume_tracker = (_make_resume_tracker(self, self._latest_stats)
                                if snapshot_every_n_steps is not None else None)
-        self.check_worker_number_rationality()
         _warm_up_zygote(num_workers, self.multiprocessing_context)
-
-    # -- the parts torch exposes -----------------------------------------------------------------
-
-    @property
-    def multiprocessing_context(self) -> Any:
-        return self._mploader_multiprocessing_context
-
-    @multiprocessing_context.setter
-    def multiprocessing_context(self, context: Any) -> None:
-        if context is not None:
-            if self.num_workers > 0:
-                if isinstance(context, str):
-                    valid_start_methods = torch.multiprocessing.get_all_start_methods()
-                    if context not in valid_start_methods:
-                        raise ValueError(
-                            "multiprocessing_context option "
-                            f"should specify a valid start method in {valid_start_methods!r}, "
-                            f"but got multiprocessing_context={context!r}"
-                        )
-                    context = torch.multiprocessing.get_context(context)
-                if not isinstance(context, python_multiprocessing.context.BaseContext):
-                    raise TypeError(
-                        "multiprocessing_context option should be a valid context "
-                        "object or a string specifying the start method, but got "
-                        f"multiprocessing_context={context}"
-                    )
-            else:
-                raise ValueError(
-                    "multiprocessing_context can only be used with "
-                    "multi-process loading (num_workers > 0), but got "
-                    f"num_workers={self.num_workers}"
-                )
-        self._mploader_multiprocessing_context = context
-
-    def __setattr__(self, attr: str, value: Any) -> None:
-        if self._DataLoader__initialized and attr in _FROZEN_AFTER_INIT:
-            raise ValueError(
-                f"{attr} attribute should not be set after {self.__class__.__name__} is "
-                "initialized"
-            )
-        object.__setattr__(self, attr, value)
-
-    @property
-    def _auto_collation(self) -> bool:
-        return self.batch_sampler is not None
-
-    @property
-    def _index_sampler(self) -> Any:
-        return self.batch_sampler if self._auto_collation else self.sampler
-
-    def __len__(self) -> int:
-        if isinstance(self.dataset, IterableDataset):
-            length = self._IterableDataset_len_called = len(self.dataset)  # type: ignore[arg-type,assignment]
-            if self.batch_size is not None:
-                if self.drop_last:
-                    length = length // self.batch_size
-                else:
-                    length = math.ceil(length / self.batch_size)
-            return length
-        return len(self._index_sampler)
 
     def __iter__(self) -> Any:
         if self.resume_tracker is None:
@@ -331,7 +151,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             return
         tracker.configure(self)
         tracker.load_state_dict(state_dict)
-        iterator, self._iterator = self._iterator, None
+        iterator: Any = self._iterator
+        self._iterator = None
         if iterator is not None:  # persistent workers of the old position: not reusable
             iterator._shutdown_workers()
 
@@ -353,33 +174,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
             self.trace_recorder = Tracer(self.trace)
         return make_iterator(self)
-
-    def check_worker_number_rationality(self) -> None:
-        """torch's warning when more workers are asked for than there are CPUs to run them."""
-        if not self.num_workers:
-            return
-        suggested = torch._utils.cpu_count()  # type: ignore[attr-defined]
-        if suggested is not None and self.num_workers <= suggested:
-            return
-        cpuset_checked = hasattr(os, "sched_getaffinity")
-        if suggested is not None:
-            suggestion = (
-                f"Our suggested max number of worker in current system is {suggested}"
-                f"{'' if cpuset_checked else ' (`cpuset` is not taken into account)'}, which is "
-                "smaller than what this DataLoader is going to create."
-            )
-        else:
-            suggestion = (
-                "DataLoader is not able to compute a suggested max number of worker in current "
-                "system."
-            )
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker processes in total. "
-            f"{suggestion} Please be aware that excessive worker creation might get DataLoader "
-            "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.",
-            stacklevel=2,
-        )
 
 
 def _warm_up_zygote(num_workers: int, context: Any) -> None:

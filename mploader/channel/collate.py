@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from mploader.channel.tensors import all_plain
+from mploader.compat.torch import collate, collate_tensor_fn, default_collate_fn_map
 
 # What torch's collate hands a tensor entry: a list of samples, or a tuple from zip(*batch).
 TensorBatch = list[torch.Tensor] | tuple[torch.Tensor, ...]

@@ -29,7 +29,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import reduce_tensor
+
+from mploader.compat.torch import reduce_tensor
 
 
 def is_plain(tensor: torch.Tensor) -> bool:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import torch
-
+from mploader.compat import torch as torch_compat
 from mploader.iterator.datapipes import SharedSeeds, distributed_settings
 from mploader.iterator.settings import LoaderSettings
 from mploader.iterator.task_table import TaskEntry, TaskTable
@@ -32,7 +31,7 @@ class BaseIterator:
         self._timeout = settings.timeout
         self._collate_fn = settings.fetch.collate_fn
         self._persistent_workers = settings.persistent_workers
-        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._IterableDataset_len_called = torch_compat.iterable_length_seen(loader)
         self._pin_memory, self._pin_memory_device = _resolve_pin_memory(settings)
         # The same two draws in the same order as torch: the sampler iterator is made first (a
         # generator: nothing drawn yet), then one int64 from ``generator`` for the base seed.
@@ -86,7 +85,7 @@ class BaseIterator:
             if self._tracker is not None:
                 self._tracker.epoch_reset(self._table, self._base_seed)
         self._sampler_iter = iter(self._index_sampler)
-        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._IterableDataset_len_called = torch_compat.iterable_length_seen(loader)
         self._shared_seed = self._shared_seeds.next_epoch(loader.generator)
         return leftovers
 
@@ -128,33 +127,10 @@ class BaseIterator:
 
 
 def _resolve_pin_memory(settings: LoaderSettings) -> tuple[bool, str | None]:
-    """torch's rules and warnings, word for word: no accelerator means no pinning."""
-    if settings.pin_memory and settings.pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
-            f"ignore pin_memory_device='{settings.pin_memory_device}'.",
-            stacklevel=3,
-        )
-    if settings.pin_memory and not torch.accelerator.is_available():
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=3,
-        )
-    pin = settings.pin_memory and torch.accelerator.is_available()
-    accelerator = torch.accelerator.current_accelerator() if pin else None
-    device = accelerator.type if accelerator is not None else None
-    if device == "mps":
-        warnings.warn(
-            "'pin_memory' argument is set as true but not supported on MPS now, "
-            "device pinned memory won't be used.",
-            stacklevel=3,
-        )
-        return False, None
-    return pin, device
+    """The installed torch's rules and warnings (they changed in 2.7 and 2.9)."""
+    return torch_compat.resolve_pin_memory(settings.pin_memory, settings.pin_memory_device,
+                                           stacklevel=4)
 
 
 def pin_batch(batch: Any, device: str | None) -> Any:
-    from torch.utils.data._utils.pin_memory import pin_memory
-
-    return pin_memory(batch, device)
+    return torch_compat.pin_memory(batch, device)

@@ -1,9 +1,7 @@
-"""Datapipe datasets in the main process, as torch 2.13's DataLoader and iterators treat them.
+"""Datapipe datasets in the main process, as torch's iterators treat them.
 
-* The loader wraps an ``IterDataPipe``/``MapDataPipe`` in torch's serialization wrapper (which
-  pickles the graph with dill when plain pickle fails), and ``shuffle=`` with an
-  ``IterDataPipe`` sets its shufflers (``graph_settings.apply_shuffle_settings``) instead of being
-  refused.
+* The loader (torch's own ``__init__``) wraps an ``IterDataPipe``/``MapDataPipe`` in torch's
+  serialization wrapper, and ``shuffle=`` with an ``IterDataPipe`` sets its shufflers.
 * Each iterator, and each new epoch of a persistent one, draws a *shared seed* (one int64 from
   the loader's ``generator``, before the base seed; broadcast from rank 0 when
   ``torch.distributed`` is initialized) and seeds the graph's random datapipes with it, here and
@@ -20,28 +18,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterDataPipe, MapDataPipe, graph_settings
-from torch.utils.data.datapipes.datapipe import (
-    _IterDataPipeSerializationWrapper,
-    _MapDataPipeSerializationWrapper,
-)
+from torch.utils.data import IterDataPipe, graph_settings
 
 from mploader.worker.datapipes import is_datapipe, seed_datapipe, shard_then_init
-
-
-def wrap_for_serialization(dataset: Any) -> Any:
-    """torch's wrapper around a datapipe (``loader.dataset`` is the wrapper, as in torch)."""
-    if isinstance(dataset, IterDataPipe):
-        return _IterDataPipeSerializationWrapper(dataset)
-    if isinstance(dataset, MapDataPipe):
-        return _MapDataPipeSerializationWrapper(dataset)
-    return dataset
-
-
-def apply_shuffle(datapipe: IterDataPipe, shuffle: bool | None) -> None:
-    """Turn the graph's shufflers on or off.  Like torch, the returned graph is not used: a graph
-    without a shuffler gets torch's warning, and ``shuffle=True`` then changes nothing."""
-    graph_settings.apply_shuffle_settings(datapipe, shuffle=shuffle)
 
 
 def distributed_settings() -> tuple[int, int]:
@@ -88,10 +67,8 @@ def shard_in_main_process(dataset: Any, world_size: int, rank: int) -> None:
 
 __all__ = [
     "SharedSeeds",
-    "apply_shuffle",
     "distributed_settings",
     "is_datapipe",
     "shard_in_main_process",
     "sharding_worker_init_fn",
-    "wrap_for_serialization",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from mploader.compat import torch as torch_compat
 from mploader.worker.fetch import FetchSettings
 
 
@@ -48,11 +49,11 @@ def settings_of(loader: Any) -> LoaderSettings:
         fetch=FetchSettings(
             dataset=loader.dataset,
             is_iterable=isinstance(loader.dataset, IterableDataset),
-            auto_collation=loader._auto_collation,
+            auto_collation=torch_compat.auto_collation(loader),
             collate_fn=loader.collate_fn,
             drop_last=loader.drop_last,
         ),
-        index_sampler=loader._index_sampler,
+        index_sampler=torch_compat.index_sampler(loader),
         num_workers=loader.num_workers,
         prefetch_factor=2 if loader.prefetch_factor is None else loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,

@@ -23,6 +23,7 @@ from typing import Any
 
 from mploader.channel import BlockRelease
 from mploader.channel.forking import forking_a_worker
+from mploader.compat import cpython
 from mploader.monitor.events import WorkerState
 from mploader.polling import Poller, readable
 from mploader.process import inherited_fds, sigchld, zygote
@@ -477,7 +478,7 @@ def serialize_exit_polls(process: Any) -> None:
     returns and ``is_alive()`` says True for a worker that is gone.  (The zygote's processes
     keep their own exit codes, under the zygote's lock.)
     """
-    popen = getattr(process, "_popen", None)
+    popen = cpython.popen_of(process)
     if popen is None or isinstance(process, zygote.ZygoteProcess):
         return
     unserialized = type(popen).poll

@@ -33,10 +33,10 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.context import set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from mploader.compat import cpython
 from mploader.errors import ZygoteError, ZygoteTimeoutError, signal_name
 from mploader.polling import Poller, WakePipe, readable
 
@@ -474,7 +474,7 @@ MAX_HANDED_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors in one messag
 def pickle_for_worker(message: Any, own_fds: int) -> tuple[bytes, list[int]]:
     """``message`` pickled as for a spawned child, and the extra fds it hands over."""
     popen = _SpawningThroughZygote(own_fds)
-    set_spawning_popen(popen)  # type: ignore[arg-type]  # it has what the reductions use
+    cpython.set_spawning_popen(popen)  # it has what the reductions use
     try:
         payload = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
         _check_handed_fds(own_fds, len(popen.fds))
@@ -483,7 +483,7 @@ def pickle_for_worker(message: Any, own_fds: int) -> tuple[bytes, list[int]]:
             os.close(fd)
         raise
     finally:
-        set_spawning_popen(None)
+        cpython.set_spawning_popen(None)
     return payload, popen.fds
 
 
@@ -542,7 +542,7 @@ def _run_worker(sock: socket.socket, own_fds: tuple[int, int], payload: bytes,
                                                                         readable=False)),
             name=name, daemon=True,
         )
-        code = process._bootstrap()  # type: ignore[attr-defined]
+        code = cpython.run_process_here(process)
     except BaseException:
         traceback.print_exc()
     finally:

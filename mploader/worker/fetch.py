@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate
 
 from mploader.worker.item_random import TaskSeed, enter_item, leave_item
 

@@ -1,7 +1,7 @@
 """Who am I? The worker's identity, and torch-compatible seeding.
 
 ``mploader.get_worker_info()`` answers ``None`` in the main process and a
-:class:`torch.utils.data._utils.worker.WorkerInfo` inside a worker.  We install the same object into
+torch's ``WorkerInfo`` inside a worker.  We install the same object into
 torch's own module-level slot, so ``torch.utils.data.get_worker_info()`` answers the same inside a
 worker; datasets written for torch shard themselves unchanged.
 """
@@ -12,9 +12,9 @@ import random
 from typing import Any
 
 import torch
-from torch.utils.data._utils import worker as torch_worker
 
-WorkerInfo = torch_worker.WorkerInfo
+from mploader.compat import torch as torch_compat
+from mploader.compat.torch import WorkerInfo
 
 _current_info: WorkerInfo | None = None
 
@@ -27,18 +27,18 @@ def get_worker_info() -> WorkerInfo | None:
     worker (or wherever torch's ``_worker_info`` is set)."""
     if _current_info is not None:
         return _current_info
-    return torch_worker._worker_info
+    return torch_compat.torch_worker_info()
 
 
 def set_worker_info(info: WorkerInfo | None) -> None:
     """Publish ``info`` for both ``mploader.get_worker_info`` and torch's ``get_worker_info``."""
     global _current_info
     _current_info = info
-    torch_worker._worker_info = info
+    torch_compat.set_torch_worker_info(info)
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
-    """Seed ``random``, ``torch`` and numpy exactly as torch 2.13's worker loop does.
+    """Seed ``random``, ``torch`` and numpy exactly as torch's worker loop does (2.6-2.14).
 
     ``random`` and ``torch`` get ``base_seed + worker_id``; numpy gets the four 32-bit words of
     torch's SeedSequence-style mixing of (worker_id, base_seed), so numpy streams match torch's too.
@@ -50,7 +50,7 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
         import numpy as np
     except ModuleNotFoundError:  # numpy is optional for torch, as here
         return seed
-    np.random.seed(torch_worker._generate_state(base_seed, worker_id))
+    np.random.seed(torch_compat.numpy_worker_seed(base_seed, worker_id))
     return seed
 
 

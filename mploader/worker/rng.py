@@ -8,15 +8,14 @@ too much for every batch of a fast loader, so :class:`RngWatch` first compares c
 (about 1 us in all) and captures only when a generator moved since the last capture:
 
 * torch: the default CPU generator's MT19937 engine and its cached normal samples, read in place
-  (about 0.07 us).  Their address is found once per process: the engine's words, as
-  ``get_state()`` gives them, are looked for near the generator object's implementation, read
-  through ``/proc/self/mem`` (a wrong guess reads an error there, never a crash).  Where that
-  fails, the bytes of ``get_state()`` are the fingerprint (about 0.8 us: a 5 KB tensor).
+  (about 0.07 us), a layout of torch's found and verified once per process
+  (:mod:`mploader.compat.torch_generator`).  Where that fails, the bytes of ``get_state()`` are
+  the fingerprint (about 0.8 us: a 5 KB tensor).
 * numpy: the raw ``key``/``pos`` words of the global MT19937, read through the bit generator's
   public ctypes ``state_address``.  Legacy ``RandomState`` also caches one Gaussian outside that
   struct; while a capture shows a cached Gaussian, every later check captures in full.
 * Python: the ``index``/``state`` words of the global ``random.Random`` object, read at its
-  C struct's offset, plus its ``gauss_next``.
+  C struct's offset (:mod:`mploader.compat.cpython`), plus its ``gauss_next``.
 
 Each fingerprint is verified once per process (a draw must change it; for numpy and Python,
 restoring the state must bring it back); where that fails, the watch falls back to full captures
@@ -40,13 +39,14 @@ from typing import Any
 
 import torch
 
+from mploader.compat import cpython, torch_generator
+
 try:
     import numpy as np
 except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency, optional for torch
     np = None  # type: ignore[assignment]
 
 _MT_WORDS = 624
-_MT_BYTES = 4 + _MT_WORDS * 4  # numpy: key[624] then pos; Python: index then state[624]
 # A fingerprint reads a Mersenne Twister's position and its first words, not all 624: each draw
 # moves the position, and a draw that brings it back round (624 words) regenerates every word.
 # Reading 2.5 KB three times a batch (cold, between two fetches) was most of what state tracking
@@ -106,7 +106,8 @@ def _unb64(text: str) -> bytes:
 
 def capture() -> RngState:
     """The full state of the three global generators of this process."""
-    return RngState(torch=_torch_bytes(), numpy=_numpy_state(), python=_python_state())
+    return RngState(torch=torch_generator.state_bytes(), numpy=_numpy_state(),
+                    python=_python_state())
 
 
 def restore(state: RngState) -> None:
@@ -118,74 +119,6 @@ def restore(state: RngState) -> None:
                              has_gauss, gauss))
     version, words, gauss_next = state.python
     random.setstate((version, tuple(array.array("I", words)), gauss_next))
-
-
-_default_generator = torch.default_generator
-
-
-_TORCH_STATE_BYTES = _default_generator.get_state().numel()
-_TorchState = ctypes.c_char * _TORCH_STATE_BYTES  # the array type made once: 0.2 us a call less
-
-
-def _torch_bytes() -> bytes:
-    """torch's global generator state as bytes: what ``torch.get_rng_state()`` returns, read
-    through a ctypes array (``ctypes.string_at`` costs a microsecond more per call)."""
-    state = _default_generator.get_state()  # kept alive while its bytes are read
-    return _TorchState.from_address(state.data_ptr()).raw
-
-
-# get_state()'s layout for the CPU generator (CPUGeneratorImplState): uint64 seed, int32 left,
-# int32 seeded, uint64 next, then the 624 engine words widened to uint64.
-_TORCH_WORDS_AT = 24
-# In memory the engine keeps them as uint32, after its seed, left, seeded and next fields
-# (20 bytes); the generator's cached float and double normal samples (optionals) follow them.
-_ENGINE_HEAD_BYTES = 20
-_NORMAL_CACHE_BYTES = 40
-_SEARCHED_BYTES = 8192  # how far from the implementation's address the engine is looked for
-
-
-def _torch_fingerprint() -> Callable[[], Any] | None:
-    """A reader of the default generator's live engine and normal-sample cache, or ``None``
-    where it cannot be found and verified."""
-    try:
-        address = _engine_words_address()
-    except (OSError, ValueError):
-        return None
-    if address is None:
-        return None
-    head = (ctypes.c_char * (_ENGINE_HEAD_BYTES + _WATCHED_WORDS * 4)).from_address(
-        address - _ENGINE_HEAD_BYTES)  # read in place, made once
-    normal_cache = (ctypes.c_char * _NORMAL_CACHE_BYTES).from_address(address + _MT_WORDS * 4)
-    fingerprint = lambda: (head.raw, normal_cache.raw)  # noqa: E731
-    saved = _default_generator.get_state()
-    try:
-        changes = []
-        for draw in (torch.rand, torch.randn, torch.randn):  # the last takes a cached sample
-            before = fingerprint()
-            draw(1)
-            changes.append(fingerprint() != before)
-    finally:
-        _default_generator.set_state(saved)
-    return fingerprint if all(changes) else None
-
-
-def _engine_words_address() -> int | None:
-    """Where the default generator's 624 engine words are, found by their value next to the
-    implementation a ``torch.Generator`` points to (its first field after the object header)."""
-    implementation = ctypes.c_void_p.from_address(
-        id(_default_generator) + object.__basicsize__).value
-    if not implementation:
-        return None
-    state = bytes(_default_generator.get_state().numpy())
-    widened = array.array("Q", state[_TORCH_WORDS_AT:_TORCH_WORDS_AT + _MT_WORDS * 8])
-    needle = array.array("I", widened[:16]).tobytes()
-    with open("/proc/self/mem", "rb", buffering=0) as memory:  # EIO, not SIGSEGV, if unmapped
-        memory.seek(implementation)
-        nearby = memory.read(_SEARCHED_BYTES)
-    offset = nearby.find(needle)
-    if offset < _ENGINE_HEAD_BYTES or offset + _MT_WORDS * 4 + _NORMAL_CACHE_BYTES > len(nearby):
-        return None  # not found, or the window read in place would reach past what was read
-    return implementation + offset
 
 
 def _numpy_state() -> tuple[bytes, int, int, float] | None:
@@ -208,7 +141,8 @@ class RngWatch:
         # Without a verified fingerprint, one that never matches: every check captures in full.
         self._numpy_print = _verified(_numpy_fingerprint(), _numpy_draw) or object
         self._python_print = _verified(_python_fingerprint(), _python_draw) or object
-        self._torch_print = _torch_fingerprint() or _torch_bytes
+        self._torch_print = (torch_generator.engine_reader(_WATCHED_WORDS)
+                             or torch_generator.state_bytes)
         self._last_torch: bytes | None = None
         self._last_numpy: Any = None
         self._last_python: Any = None
@@ -226,7 +160,7 @@ class RngWatch:
         ):
             return None
         numpy_now, python_now = self._numpy_print(), self._python_print()
-        state = RngState(torch=_torch_bytes(), numpy=_numpy_state(), python=_python_state())
+        state = capture()
         self._numpy_gauss_cached = state.numpy is not None and state.numpy[2] != 0
         self._last_torch, self._last_numpy, self._last_python = torch_now, numpy_now, python_now
         return state
@@ -248,11 +182,7 @@ def _numpy_fingerprint() -> Callable[[], Any] | None:
 
 def _python_fingerprint() -> Callable[[], Any] | None:
     generator: Any = random.random.__self__  # type: ignore[attr-defined]  # the global Random
-    address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
-    if type(generator).__basicsize__ < object.__basicsize__ + _MT_BYTES:
-        return None
-    words = (ctypes.c_char * (4 + _WATCHED_WORDS * 4)).from_address(address)  # index, words
-    return lambda: (words.raw, generator.gauss_next)
+    return cpython.random_words_reader(generator, _WATCHED_WORDS)
 
 
 def _numpy_draw() -> None:

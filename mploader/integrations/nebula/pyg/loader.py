@@ -21,6 +21,7 @@ from typing import Any
 import torch.utils.data
 from torch_geometric.loader import NodeLoader
 
+from mploader.compat import torch as torch_compat
 from mploader.worker.hooks import WorkerHooks
 
 
@@ -59,7 +60,7 @@ class _BatchInFetchThread(torch.utils.data.DataLoader):  # type: ignore[type-arg
         super().__init__(_SampledBatches(self, len(dataset)), *args, **kwargs)
 
     def _get_iterator(self) -> Any:
-        get_iterator = torch.utils.data.DataLoader._get_iterator
+        get_iterator = torch_compat.iterator_factory(torch.utils.data.DataLoader)
         if self.num_workers > 0 and not getattr(get_iterator, "__module__", "").startswith(
             "mploader"
         ) and (self.worker_threads > 1 or self.worker_hooks is not None):

@@ -1,0 +1,195 @@
+"""torch's private and version-dependent data-loading API, reached from one place.
+
+Every name here is either torch's own object, re-exported from its private module, or a small
+function with one branch per torch behaviour, each branch naming the torch versions it serves.
+Checked against torch 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.13.0 and 2.14.1 (the sources of
+``torch/utils/data``); the suite runs on 2.6.0, 2.13.0 and 2.14.1 (``make compat``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.data
+
+# -- Private modules: the same objects in every supported version (2.6 to 2.14) ----------------
+from torch.multiprocessing.reductions import reduce_tensor
+from torch.utils.data._utils import worker as _torch_worker
+from torch.utils.data._utils.collate import (
+    collate,
+    collate_tensor_fn,
+    default_collate_fn_map,
+)
+from torch.utils.data._utils.pin_memory import pin_memory
+
+
+def _minor_version(version: str) -> tuple[int, int]:
+    """``"2.14.1+cu130"`` -> ``(2, 14)``; a source build's ``"2.15.0a0+git..."`` -> ``(2, 15)``."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(character for character in minor if character.isdigit()))
+
+
+TORCH_VERSION = _minor_version(torch.__version__)
+OLDEST_SUPPORTED = (2, 6)
+
+# The worker-info record torch's ``get_worker_info()`` returns: a class taking keyword arguments
+# in 2.6-2.8, a frozen dataclass (with ``rng`` and ``worker_method`` fields defaulted) since 2.9.
+# ``WorkerInfo(id=, num_workers=, seed=, dataset=)`` builds one in all of them.
+WorkerInfo = _torch_worker.WorkerInfo
+
+__all__ = [
+    "OLDEST_SUPPORTED",
+    "TORCH_VERSION",
+    "WorkerInfo",
+    "auto_collation",
+    "collate",
+    "collate_tensor_fn",
+    "default_collate_fn_map",
+    "index_sampler",
+    "iterable_length_seen",
+    "numpy_worker_seed",
+    "pin_memory",
+    "reduce_tensor",
+    "resolve_pin_memory",
+    "set_torch_worker_info",
+    "torch_worker_info",
+]
+
+
+# -- Worker info and seeds ---------------------------------------------------------------------
+
+
+def torch_worker_info() -> Any:
+    """What ``torch.utils.data.get_worker_info()`` answers: torch's module-level slot."""
+    return _torch_worker._worker_info
+
+
+def set_torch_worker_info(info: Any) -> None:
+    """Set torch's slot, so that ``torch.utils.data.get_worker_info()`` answers ``info``."""
+    _torch_worker._worker_info = info
+
+
+def numpy_worker_seed(base_seed: int, worker_id: int) -> list[int]:
+    """The four 32-bit words torch's worker loop seeds numpy with (every version 2.6-2.14)."""
+    return _torch_worker._generate_state(base_seed, worker_id)  # type: ignore[no-any-return]
+
+
+# -- The loader's private attributes, which mploader's iterators read as torch's do -------------
+
+
+def auto_collation(loader: torch.utils.data.DataLoader[Any]) -> bool:
+    """Whether the loader batches samples itself (``batch_sampler`` is set)."""
+    return bool(loader._auto_collation)
+
+
+def index_sampler(loader: torch.utils.data.DataLoader[Any]) -> Any:
+    """The sampler whose draws are the tasks: the batch sampler, or the sampler without one."""
+    return loader._index_sampler
+
+
+def iterable_length_seen(loader: torch.utils.data.DataLoader[Any]) -> int | None:
+    """An IterableDataset's ``len()`` as ``len(loader)`` last read it, or None: torch's
+    warning when an epoch yields more batches than that reads it."""
+    return loader._IterableDataset_len_called  # type: ignore[no-any-return]
+
+
+# The method through which torch's ``DataLoader.__iter__`` gets every iterator (every version
+# 2.6-2.14): the one method ``mploader.install()`` swaps.
+ITERATOR_FACTORY = "_get_iterator"
+
+
+def iterator_factory(cls: type) -> Callable[..., Any]:
+    return getattr(cls, ITERATOR_FACTORY)  # type: ignore[no-any-return]
+
+
+def set_iterator_factory(cls: type, factory: Callable[..., Any]) -> None:
+    setattr(cls, ITERATOR_FACTORY, factory)
+
+
+# -- Pinning -----------------------------------------------------------------------------------
+
+
+def resolve_pin_memory(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
+    """Whether batches are pinned and for which device, with the installed torch's warnings
+    (its ``_BaseDataLoaderIter.__init__``): ``(pin, device)``; device None is the default."""
+    stacklevel += 1
+    if TORCH_VERSION >= (2, 9):
+        return _pin_memory_2_9(pin, pin_device, stacklevel)
+    if TORCH_VERSION >= (2, 7):
+        return _pin_memory_2_7(pin, pin_device, stacklevel)
+    return _pin_memory_2_6(pin, pin_device, stacklevel)
+
+
+def _pin_memory_2_9(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
+    """2.9 to 2.14: the current accelerator; ``pin_memory_device`` is deprecated and ignored."""
+    if pin and pin_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{pin_device}'.",
+            stacklevel=stacklevel,
+        )
+    available = torch.accelerator.is_available()
+    if pin and not available:
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=stacklevel,
+        )
+    pin = pin and available
+    accelerator = torch.accelerator.current_accelerator() if pin else None
+    device = accelerator.type if accelerator is not None else None
+    if device == "mps":
+        warnings.warn(
+            "'pin_memory' argument is set as true but not supported on MPS now, "
+            "device pinned memory won't be used.",
+            stacklevel=stacklevel,
+        )
+        return False, None
+    return pin, device
+
+
+def _pin_memory_2_7(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
+    """2.7 and 2.8: the current accelerator unless ``pin_memory_device`` names another."""
+    if pin_device:
+        if not pin:
+            warnings.warn(
+                "'pin_memory_device' is set but 'pin_memory' argument is not set, "
+                "then device pinned memory won't be used."
+                "please set 'pin_memory' to true, if you need to use the device pin memory",
+                stacklevel=stacklevel,
+            )
+        return pin, pin_device
+    available = torch.accelerator.is_available()
+    if pin and not available:
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=stacklevel,
+        )
+    pin = pin and available
+    accelerator = torch.accelerator.current_accelerator() if pin else None
+    if accelerator is not None and accelerator.type == "mps":
+        warnings.warn(
+            "'pin_memory' argument is set as true but not supported on MPS now, "
+            "then device pinned memory won't be used.",
+            stacklevel=stacklevel,
+        )
+        return False, None
+    return pin, None
+
+
+def _pin_memory_2_6(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
+    """2.6: CUDA unless ``pin_memory_device`` names another; no warning without CUDA."""
+    if pin_device:
+        if not pin:
+            warnings.warn(
+                "pin memory device is set and pin_memory flag is not used then device pinned "
+                "memory won't be used"
+                "please set pin_memory to true, if you need to use the device pin memory",
+                stacklevel=stacklevel,
+            )
+        return pin, pin_device
+    return pin and torch.cuda.is_available(), None
