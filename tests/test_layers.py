@@ -1,6 +1,7 @@
 """Imports run one way through the package's layers (see README, "Layout").
 
-iterator -> process -> worker -> channel; ``config``, ``errors`` and ``finalizers`` are leaves;
+iterator -> process -> worker -> channel; ``compat`` (the seam to torch's and CPython's private
+API), ``config``, ``errors``, ``finalizers`` and ``polling`` are leaves;
 ``monitor`` is a side service every layer may call and that imports none of them.  A module
 outside these folders (the public face: ``loader``, ``_install``, ``__init__``, ``__main__``) may
 import anything.
@@ -17,7 +18,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mploader"
 
-LEAVES = {"config", "errors", "finalizers", "polling"}
+LEAVES = {"compat", "config", "errors", "finalizers", "polling"}
 MAY_IMPORT = {
     "iterator": {"process", "worker", "channel", "monitor"} | LEAVES,
     "process": {"worker", "channel", "monitor"} | LEAVES,
@@ -29,6 +30,7 @@ MAY_IMPORT = {
     "errors": set(),
     "finalizers": set(),
     "polling": set(),
+    "compat": set(),
 }
 
 
@@ -197,3 +199,91 @@ def test_the_call_check_sees_a_callback_handed_down() -> None:
     table = TaskTable(in_order=True)
     found = find_upward_callables(lambda: count_of(table.pending_count, "x"))  # type: ignore[arg-type]
     assert len(found) == 1 and "count_of (monitor)" in found[0] and "(iterator)" in found[0]
+
+
+# -- One seam for torch's and CPython's private API --------------------------------------------
+#
+# mploader runs on torch 2.6 to 2.14 and CPython 3.11 and 3.12.  What is private to them, or
+# changed between those versions, is reached through ``mploader.compat`` only, so that a new
+# version is adapted to in one place (see its docstring).
+
+COMPAT = PACKAGE / "compat"
+# Modules private to torch or CPython that are not under a ``_``-named package.
+PRIVATE_MODULES = {"torch.multiprocessing.reductions", "multiprocessing.context"}
+# Private attributes of torch's and CPython's objects that mploader reads or sets.  Read on
+# ``self`` they are mploader's own (its iterators keep torch's names for code that reads them),
+# and on ``super()`` they reach a base class's method.
+PRIVATE_ATTRIBUTES = {
+    "_auto_collation", "_index_sampler", "_IterableDataset_len_called", "_get_iterator",
+    "_worker_info", "_generate_state", "_popen", "_bootstrap", "_utils", "_C",
+}
+
+
+def _is_private_module(module: str) -> bool:
+    parts = module.split(".")
+    if parts[0] == "torch" and any(part.startswith("_") for part in parts[1:]):
+        return True
+    return module in PRIVATE_MODULES
+
+
+def private_uses(path: Path) -> list[str]:
+    """Where ``path`` imports or reads torch's or CPython's private API."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {alias.name}" for alias in node.names
+                      if _is_private_module(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            root = node.module.split(".")[0]
+            private_names = [alias.name for alias in node.names if alias.name.startswith("_")
+                             and root in ("torch", "multiprocessing")]
+            if _is_private_module(node.module) or private_names:
+                found.append(f"line {node.lineno}: from {node.module} import "
+                             f"{', '.join(alias.name for alias in node.names)}")
+        elif isinstance(node, ast.Attribute):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id == "self":
+                continue
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and (
+                owner.func.id == "super"
+            ):
+                continue
+            torch_private = (isinstance(owner, ast.Name) and owner.id == "torch"
+                             and node.attr.startswith("_"))
+            if torch_private or node.attr in PRIVATE_ATTRIBUTES:
+                found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in PRIVATE_ATTRIBUTES:
+            found.append(f"line {node.lineno}: {node.value!r}")  # getattr(x, "_popen")
+    return found
+
+
+@pytest.mark.parametrize("path", [path for path in MODULES if COMPAT not in path.parents],
+                         ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_private_api_only_through_compat(path: Path) -> None:
+    uses = private_uses(path)
+    assert not uses, f"{path.relative_to(PACKAGE)} uses private API outside mploader.compat: {uses}"
+
+
+def test_the_private_api_check_sees_each_kind(tmp_path: Path) -> None:
+    """The checker itself: each kind of private use is found, and a method's own is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import torch.utils.data._utils.collate\n"
+        "from torch.utils.data._utils import worker\n"
+        "from torch.multiprocessing.reductions import reduce_tensor\n"
+        "from multiprocessing.context import set_spawning_popen\n"
+        "from torch.utils.data.dataloader import _InfiniteConstantSampler\n"
+        "torch._utils.cpu_count()\n"
+        "loader._index_sampler\n"
+        "getattr(process, '_popen', None)\n"
+        "self._index_sampler\n"
+        "super()._get_iterator()\n"
+    )
+    assert len(private_uses(bad)) == 8, private_uses(bad)
+
+
+def test_compat_is_a_leaf() -> None:
+    """The seam imports no other part of mploader, so every layer may use it."""
+    for path in sorted(COMPAT.rglob("*.py")):
+        assert [module for module in imported_modules(path)
+                if not module.startswith("mploader.compat")] == [], path

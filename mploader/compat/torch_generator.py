@@ -13,7 +13,7 @@ is kept only if draws of each kind change it.
 
 :func:`engine_reader` returns ``None`` wherever any of this fails (another layout in a future
 torch, no ``/proc``): the caller then uses :func:`state_bytes`, the documented ``get_state()``.
-The fallback is explicit and tested (``tests/resume/test_rng_fallback.py``).
+The fallback is explicit and tested (``tests/resume/test_rng_watch.py``).
 """
 
 from __future__ import annotations

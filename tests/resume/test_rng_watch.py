@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
+from mploader.compat import cpython, torch_generator
 from mploader.worker import rng
 
 
@@ -50,7 +52,8 @@ def test_torch_is_watched_in_place_and_misses_no_draw() -> None:
     """The torch fingerprint reads the generator's engine in place (not the 5 KB ``get_state()``
     copy), and whenever ``get_state()`` changes, so does the fingerprint."""
     watch = rng.RngWatch()
-    assert watch._torch_print is not rng._torch_bytes, "the in-place fingerprint was not verified"
+    assert watch._torch_print is not torch_generator.state_bytes, (
+        "the in-place fingerprint was not verified")
     generator = random.Random(5)
     missed = []
     for _ in range(600):
@@ -77,3 +80,52 @@ def test_a_draw_of_a_whole_cycle_is_noticed() -> None:
     assert random.getstate()[1][-1] == index
     assert watch.capture_if_changed() is not None
     assert watch.capture_if_changed() is None
+
+
+def test_without_torch_s_in_place_reader_every_draw_is_still_noticed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The documented fallback, for a torch whose generator layout is not the expected one: the
+    fingerprint is ``get_state()``'s bytes."""
+    monkeypatch.setattr(torch_generator, "_engine_words_address", lambda: None)
+    assert torch_generator.engine_reader(8) is None
+    watch = rng.RngWatch()
+    assert watch._torch_print is torch_generator.state_bytes
+    assert watch.capture_if_changed() is not None
+    for draw in TORCH_DRAWS.values():
+        assert watch.capture_if_changed() is None
+        before = torch.get_rng_state()
+        draw()
+        state = watch.capture_if_changed()
+        if torch.equal(before, torch.get_rng_state()):
+            assert state is None
+        else:
+            assert state is not None and state.torch == bytes(torch.get_rng_state().numpy())
+
+
+def test_without_python_s_in_place_reader_every_check_captures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback for a CPython whose ``random.Random`` layout is not the expected one: no
+    fingerprint, so every check captures in full (never a missed draw)."""
+    monkeypatch.setattr(cpython, "random_words_reader", lambda generator, words: None)
+    watch = rng.RngWatch()
+    for _ in range(3):
+        random.random()
+        state = watch.capture_if_changed()
+        assert state is not None and state.python[1] == rng._python_state()[1]
+        assert watch.capture_if_changed() is not None
+
+
+def test_an_engine_reader_that_draws_do_not_change_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found but wrong (an address whose bytes do not move with the generator): refused."""
+    still = bytearray(64)
+    import ctypes
+
+    buffer = (ctypes.c_char * len(still)).from_buffer(still)
+    monkeypatch.setattr(torch_generator, "_engine_words_address",
+                        lambda: ctypes.addressof(buffer) + 20)
+    monkeypatch.setattr(torch_generator, "_MT_WORDS", 0)  # the normal cache inside the buffer
+    assert torch_generator.engine_reader(8) is None
