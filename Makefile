@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mploader-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench compat clean
 
 # torch==2.13.0 is installed first and only when missing: a looser requirement on a machine
 # without torch pulls several GB of CUDA packages.  pyproject's range is satisfied by it, so the
@@ -27,9 +27,26 @@ lint: setup
 test: lint
 	$(PY) -m pytest -q
 
+# The suites that depend most on torch's version (parity with torch, worker lifecycle, resume,
+# shared memory, the layer rules), on another torch in its own virtual environment:
+# `make compat TORCH=2.6.0`.  Other versions come from PyPI as CUDA builds (about 4 GB; they run
+# on the CPU); .ci/run runs this for the ends of the supported range.
+TORCH ?= 2.6.0
+COMPAT_VENV := .venv-torch-$(TORCH)
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TESTS := tests/parity tests/lifecycle tests/resume tests/shm tests/test_layers.py
+
+compat:
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" \
+		2>/dev/null || $(COMPAT_PY) -m pip install --quiet torch==$(TORCH)
+	$(COMPAT_PY) -m pip install --quiet -e '.[test]'
+	$(COMPAT_PY) -c "import torch; print('torch', torch.__version__)"
+	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
+
 bench: setup
 	$(PY) benchmarks/versus.py
 	$(PY) benchmarks/threads.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache

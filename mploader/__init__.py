@@ -1,8 +1,8 @@
 """mploader: a from-scratch multi-process DataLoader iterator for PyTorch.
 
-``mploader.DataLoader`` takes torch 2.13's arguments and yields torch's batches; underneath, its
-own iterator moves batches through pooled shared memory, gives each worker its own database
-session, and reports worker deaths by name and cause.
+``mploader.DataLoader`` takes the installed torch's arguments (2.6 to 2.14) and yields torch's
+batches; underneath, its own iterator moves batches through pooled shared memory, gives each
+worker its own database session, and reports worker deaths by name and cause.
 """
 
 from __future__ import annotations

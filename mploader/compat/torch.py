@@ -2,8 +2,9 @@
 
 Every name here is either torch's own object, re-exported from its private module, or a small
 function with one branch per torch behaviour, each branch naming the torch versions it serves.
-Checked against torch 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.13.0 and 2.14.1 (the sources of
-``torch/utils/data``); the suite runs on 2.6.0, 2.13.0 and 2.14.1 (``make compat``).
+Checked against the sources of ``torch/utils/data`` of every minor version 2.6 to 2.14 (2.6.0,
+2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.0, 2.13.0, 2.14.1); the suite runs on 2.6.0, 2.13.0
+and 2.14.1 (``make compat``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ WorkerInfo = _torch_worker.WorkerInfo
 __all__ = [
     "OLDEST_SUPPORTED",
     "TORCH_VERSION",
+    "UNPICKLABLE_WORKER_WARNING",
     "WorkerInfo",
     "auto_collation",
     "collate",
@@ -107,6 +109,18 @@ def iterator_factory(cls: type) -> Callable[..., Any]:
 
 def set_iterator_factory(cls: type, factory: Callable[..., Any]) -> None:
     setattr(cls, ITERATOR_FACTORY, factory)
+
+
+# -- Messages of torch's that mploader repeats ------------------------------------------------
+
+# Warned when a worker cannot be started because its arguments do not pickle: 2.10 and later
+# (torch 2.6-2.9 raise the pickling error without it).
+UNPICKLABLE_WORKER_WARNING: str | None = (
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork')."
+) if TORCH_VERSION >= (2, 10) else None
 
 
 # -- Pinning -----------------------------------------------------------------------------------

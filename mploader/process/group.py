@@ -24,6 +24,7 @@ from typing import Any
 from mploader.channel import BlockRelease
 from mploader.channel.forking import forking_a_worker
 from mploader.compat import cpython
+from mploader.compat import torch as torch_compat
 from mploader.monitor.events import WorkerState
 from mploader.polling import Poller, readable
 from mploader.process import inherited_fds, sigchld, zygote
@@ -57,12 +58,6 @@ REAP_SECONDS = 2.0
 EXIT_POLL_SECONDS = 0.001
 # torch's warning when a spawn/forkserver worker cannot be started because its arguments (the
 # dataset, collate_fn, worker_init_fn) do not pickle; the pickling error follows it.
-_UNPICKLABLE_WORKER_ARGUMENTS = (
-    "Got pickle error when attempting to start a worker Process. This might be because the "
-    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
-    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
-    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork')."
-)
 
 
 
@@ -257,7 +252,8 @@ class WorkerGroup:
                 handle.process.start()
             serialize_exit_polls(handle.process)
         except (TypeError, AttributeError, pickle.PicklingError):
-            warnings.warn(_UNPICKLABLE_WORKER_ARGUMENTS, stacklevel=2)  # torch's, word for word
+            if torch_compat.UNPICKLABLE_WORKER_WARNING is not None:  # torch's, word for word
+                warnings.warn(torch_compat.UNPICKLABLE_WORKER_WARNING, stacklevel=2)
             raise
         finally:  # the worker holds its own copies now (or never will)
             for end in worker_ends:

@@ -1,4 +1,4 @@
-"""Datapipe datasets inside a worker, as torch 2.13's worker loop treats them.
+"""Datapipe datasets inside a worker, as torch's worker loop treats them (2.6-2.14).
 
 torch's DataLoader still runs ``IterDataPipe``/``MapDataPipe`` datasets specially (datapipes are
 deprecated, but a drop-in replacement runs what torch runs).  In a worker that means:
