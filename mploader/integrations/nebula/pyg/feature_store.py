@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,8 @@ from torch_geometric.data import FeatureStore, TensorAttr
 
 from mploader.integrations.nebula.encoding import decode_feature_batch, encode_features
 from mploader.integrations.nebula.hooks import NebulaHooks
+from mploader.integrations.nebula.pyg.errors import WriteDtypeError, WriteShapeError
+from mploader.integrations.nebula.pyg.nodes import NodeCounts, node_positions
 from mploader.integrations.nebula.pyg.queries import SessionSource, execute, rows
 from mploader.integrations.nebula.pyg.schema import (
     FEATURES,
@@ -33,7 +36,11 @@ class NebulaFeatureStore(FeatureStore):
     torch datasets (no PyG): ``fetch`` (features and labels) and ``neighbors`` by vid.
 
     ``group_name`` is the tag (node type), ``attr_name`` a PyG attribute (``x``, ``y``), ``index``
-    PyG node indices of that type (vid = the type's ``vid_offset`` + index).
+    PyG node indices of that type (vid = the type's ``vid_offset`` + index), read as torch reads
+    ``x[index]``: ``store['paper', 'x', 5]`` is one row, shape ``(dim,)``, as in PyG's
+    ``HeteroData`` store; a float index is torch's ``IndexError``.  Every name, index, dtype and
+    shape is checked against the schema and the node counts before a statement is sent
+    (:mod:`~mploader.integrations.nebula.pyg.errors`): a write never lands half-checked.
     :meth:`multi_get_tensor` answers every attribute of a batch with one ``FETCH`` per tag
     (split below graphd's query size limit).  Statements run on the fetch thread's own session
     inside a loader's workers, else on this process's own session (see :class:`SessionSource`).
@@ -51,6 +58,7 @@ class NebulaFeatureStore(FeatureStore):
         self.schema = schema
         self.hooks = hooks
         self.session = SessionSource(hooks)
+        self.counts = NodeCounts(schema, self.session)
         self.fetch_batch = fetch_batch
         self.max_query_bytes = max_query_bytes
         self._attrs = [
@@ -58,7 +66,6 @@ class NebulaFeatureStore(FeatureStore):
             for node_type in schema.node_types
             for name in node_type.attributes
         ]
-        self._num_nodes: dict[str, int] = {}
 
     # -- reads
 
@@ -71,45 +78,36 @@ class NebulaFeatureStore(FeatureStore):
         return self._multi_get_tensor([attr])[0]
 
     def _multi_get_tensor(self, attrs: Sequence[TensorAttr]) -> list[torch.Tensor | None]:
-        """One ``FETCH`` per tag (chunked) for all ``attrs`` of that tag."""
+        """One ``FETCH`` per tag (chunked) for all ``attrs`` of that tag; every attribute and
+        index is checked first."""
+        reads = [self._resolve(attr) for attr in attrs]
         answers: list[torch.Tensor | None] = [None] * len(attrs)
         by_tag: dict[str, list[int]] = {}
-        for position, attr in enumerate(attrs):
-            by_tag.setdefault(self._tag(attr), []).append(position)
-        for tag, positions in by_tag.items():
-            node_type = self.schema.node_type(tag)
-            indices = [self._index(node_type, attrs[position]) for position in positions]
-            names = list(dict.fromkeys(attrs[position].attr_name for position in positions))
-            wanted = np.unique(np.concatenate(indices)) if indices else np.zeros(0, np.int64)
+        for number, read in enumerate(reads):
+            by_tag.setdefault(read.node_type.tag, []).append(number)
+        for numbers in by_tag.values():
+            node_type = reads[numbers[0]].node_type
+            flat = [reads[number].positions.reshape(-1).numpy() for number in numbers]
+            names = list(dict.fromkeys(reads[number].name for number in numbers))
+            wanted = np.unique(np.concatenate(flat))
             columns = self._fetch(node_type, names, wanted)
-            for position, index in zip(positions, indices, strict=True):
-                name = attrs[position].attr_name
-                answers[position] = _gather(
-                    columns[name], np.searchsorted(wanted, index), node_type.attributes[name]
+            for number, positions in zip(numbers, flat, strict=True):
+                read = reads[number]
+                values = _gather(
+                    columns[read.name], np.searchsorted(wanted, positions), read.attribute
                 )
+                if values is not None:
+                    values = values.reshape((*read.positions.shape, *read.attribute.row_shape))
+                answers[number] = values
         return answers
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
-        node_type = self.schema.node_type(self._tag(attr))
-        attribute = node_type.attributes.get(attr.attr_name)
-        if attribute is None:
-            return None
-        count = self.num_nodes(node_type.tag)
-        if attribute.kind == FEATURES:
-            assert attribute.dim is not None
-            return (count, attribute.dim)
-        return (count,)
+        node_type, attribute = self.schema.attribute(self._group(attr), attr.attr_name)
+        return (self.counts(node_type.tag), *attribute.row_shape)
 
     def num_nodes(self, tag: str | None = None) -> int:
         """The node count of a type: the schema's, else a ``LOOKUP`` scan (needs a tag index)."""
-        node_type = self.schema.node_type(tag)
-        if node_type.num_nodes is not None:
-            return node_type.num_nodes
-        count = self._num_nodes.get(node_type.tag)
-        if count is None:
-            found = rows(self.session(), f"LOOKUP ON `{node_type.tag}` YIELD id(vertex) AS vid")
-            count = self._num_nodes[node_type.tag] = len(found)
-        return count
+        return self.counts(self.schema.node_type(tag).tag)
 
     def _fetch(
         self, node_type: NodeType, names: list[str], wanted: np.ndarray
@@ -142,36 +140,61 @@ class NebulaFeatureStore(FeatureStore):
     # -- writes
 
     def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
-        """Write rows with ``UPSERT VERTEX`` (other properties of the tag are kept)."""
-        node_type = self.schema.node_type(self._tag(attr))
-        attribute = node_type.attributes[attr.attr_name]
+        """Write rows with ``UPSERT VERTEX`` (other properties of the tag are kept).
+
+        Checked first, against the schema: the attribute, the dtype (floats for features and
+        FLOAT, integers for INT), the index (torch's rules, within the node count) and the shape
+        (the index's shape times the attribute's row).  A whole write (``index=None``) gives
+        every node a row; into a type with no nodes yet it creates them (``put_graph``)."""
+        node_type, attribute = self.schema.attribute(self._group(attr), attr.attr_name)
+        where = f"({node_type.tag!r}, {attr.attr_name!r})"
         values = torch.as_tensor(tensor)
-        if attr.index is None:
-            index = np.arange(values.shape[0], dtype=np.int64)
+        _check_dtype(values, attribute, where)
+        count = self.counts(node_type.tag)
+        index = attr.index if attr.is_set("index") else None
+        creating = index is None and count == 0 and values.dim() > 0
+        if creating:
+            positions = torch.arange(values.shape[0])
+        elif index is None:
+            if values.dim() == 0 or values.shape[0] != count:
+                rows_given = values.shape[0] if values.dim() else "no"
+                raise WriteShapeError(
+                    f"put_tensor of the whole of {where} got {rows_given} rows, but node type "
+                    f"{node_type.tag!r} has {count} nodes: a whole write gives each node a row "
+                    f"(it creates the nodes only of a type that has none); write fewer with an "
+                    f"index"
+                )
+            positions = torch.arange(count)
         else:
-            index = self._index(node_type, attr)
-        if values.shape[0] != len(index):
-            raise ValueError(f"{values.shape[0]} rows for {len(index)} nodes in {attr}")
+            positions = node_positions(index, count, f"put_tensor into {where}")
+        expected = (*positions.shape, *attribute.row_shape)
+        if tuple(values.shape) != expected:
+            raise WriteShapeError(
+                f"put_tensor got a tensor of shape {tuple(values.shape)} for {where}: expected "
+                f"{expected} ({positions.numel()} nodes, each {attribute.describe()})"
+            )
+        flat = positions.reshape(-1).numpy()
+        rows_of_values = values.reshape((len(flat), *attribute.row_shape))
         if attribute.kind == FEATURES:
-            texts = [f'"{encode_features(row)}"' for row in values.to(torch.float32).numpy()]
+            texts = [f'"{encode_features(row)}"'
+                     for row in rows_of_values.to(torch.float32).numpy()]
         elif attribute.kind == INT:
-            texts = [str(int(value)) for value in values.reshape(-1).tolist()]
+            texts = [str(int(value)) for value in rows_of_values.tolist()]
         else:
-            texts = [repr(float(value)) for value in values.reshape(-1).tolist()]
-        self._upsert(node_type, attribute.prop, index, texts)
+            texts = [repr(float(value)) for value in rows_of_values.tolist()]
+        self._upsert(node_type, attribute.prop, flat, texts)
+        if creating:
+            self.counts.created(node_type.tag, len(flat))
         return True
 
     def _remove_tensor(self, attr: TensorAttr) -> bool:
         """Set the property to NULL for ``index`` (all nodes of the type when it is unset)."""
-        node_type = self.schema.node_type(self._tag(attr))
-        attribute = node_type.attributes.get(attr.attr_name)
-        if attribute is None:
-            return False
-        if attr.index is None:
-            index = np.arange(self.num_nodes(node_type.tag), dtype=np.int64)
-        else:
-            index = self._index(node_type, attr)
-        self._upsert(node_type, attribute.prop, index, ["NULL"] * len(index))
+        node_type, attribute = self.schema.attribute(self._group(attr), attr.attr_name)
+        index = attr.index if attr.is_set("index") else None
+        where = f"remove_tensor of ({node_type.tag!r}, {attr.attr_name!r})"
+        positions = node_positions(index, self.counts(node_type.tag), where)
+        flat = np.unique(positions.reshape(-1).numpy())
+        self._upsert(node_type, attribute.prop, flat, ["NULL"] * len(flat))
         return True
 
     def _upsert(self, node_type: NodeType, prop: str, index: np.ndarray, texts: list[str]) -> None:
@@ -186,32 +209,49 @@ class NebulaFeatureStore(FeatureStore):
 
     # -- helpers
 
-    def _tag(self, attr: TensorAttr) -> str:
-        group = attr.group_name if attr.is_set("group_name") else None
-        return self.schema.node_type(group).tag
+    def _group(self, attr: TensorAttr) -> str | None:
+        return attr.group_name if attr.is_set("group_name") else None
 
-    def _index(self, node_type: NodeType, attr: TensorAttr) -> np.ndarray:
+    def _resolve(self, attr: TensorAttr) -> _Read:
+        node_type, attribute = self.schema.attribute(self._group(attr), attr.attr_name)
         index = attr.index if attr.is_set("index") else None
-        if index is None:
-            return np.arange(self.num_nodes(node_type.tag), dtype=np.int64)
-        if isinstance(index, slice):
-            return np.arange(self.num_nodes(node_type.tag), dtype=np.int64)[index]
-        if isinstance(index, torch.Tensor):
-            if index.dtype == torch.bool:
-                index = index.nonzero().view(-1)
-            return index.detach().cpu().numpy().astype(np.int64).reshape(-1)
-        return np.asarray(index, dtype=np.int64).reshape(-1)
+        where = f"({node_type.tag!r}, {attr.attr_name!r})"
+        positions = node_positions(index, self.counts(node_type.tag), where)
+        return _Read(node_type, attr.attr_name, attribute, positions)
 
     def close(self) -> None:
         """Sign out this process's own session (worker sessions belong to the loader)."""
         self.session.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_num_nodes": dict(self._num_nodes)}
-
     def __repr__(self) -> str:
         tags = [node_type.tag for node_type in self.schema.node_types]
         return f"NebulaFeatureStore(tags={tags}, {self.hooks!r})"
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One attribute of a read, checked: the node indices it asks for, in the result's shape."""
+
+    node_type: NodeType
+    name: str
+    attribute: NodeAttribute
+    positions: torch.Tensor
+
+
+def _check_dtype(values: torch.Tensor, attribute: NodeAttribute, where: str) -> None:
+    """Floats for features and FLOAT, integers for INT: nothing a write would change."""
+    if attribute.kind == INT:
+        allowed = not (values.dtype.is_floating_point or values.dtype.is_complex
+                       or values.dtype == torch.bool)
+        wanted = "integer dtypes (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)"
+    else:
+        allowed = values.dtype.is_floating_point
+        wanted = "floating dtypes (torch.float32, torch.float64, torch.float16, torch.bfloat16)"
+    if not allowed:
+        raise WriteDtypeError(
+            f"put_tensor got {values.dtype} values for {where}, {attribute.describe()}: "
+            f"it takes {wanted}"
+        )
 
 
 def _gather(

@@ -17,7 +17,8 @@ from torch_geometric.utils import index_sort
 from torch_geometric.utils.sparse import index2ptr
 
 from mploader.integrations.nebula.hooks import NebulaHooks
-from mploader.integrations.nebula.pyg.feature_store import NebulaFeatureStore
+from mploader.integrations.nebula.pyg.errors import WriteShapeError
+from mploader.integrations.nebula.pyg.nodes import NodeCounts, check_node_ids
 from mploader.integrations.nebula.pyg.queries import SessionSource, execute, rows
 from mploader.integrations.nebula.pyg.schema import EdgeMapping, GraphSchema
 from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
@@ -39,7 +40,7 @@ class NebulaGraphStore(GraphStore):
         self.hooks = hooks
         self.session = SessionSource(hooks)
         self.max_query_bytes = max_query_bytes
-        self._counter = NebulaFeatureStore(schema, hooks)  # node counts (sizes)
+        self.counts = NodeCounts(schema, self.session)
 
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
         """Each edge type, COO, with its size ``(source nodes, destination nodes)``."""
@@ -66,10 +67,11 @@ class NebulaGraphStore(GraphStore):
         return row[perm], index2ptr(col, size[1])
 
     def _put_edge_index(self, edge_index: Any, edge_attr: EdgeAttr) -> bool:
-        """``INSERT EDGE`` the COO ``edge_index`` (in the stored direction)."""
+        """``INSERT EDGE`` the COO ``edge_index`` (in the stored direction), once every endpoint
+        is checked to be a node of its type."""
+        mapping = self.schema.edge_mapping(edge_attr.edge_type)
         if EdgeLayout(edge_attr.layout) != EdgeLayout.COO:
             raise ValueError("NebulaGraphStore.put_edge_index takes COO edge indices")
-        mapping = self.schema.edge_mapping(edge_attr.edge_type)
         source, destination = self._vids(mapping, *edge_index)
         values = [f"{src}->{dst}:()" for src, dst in zip(source, destination, strict=True)]
         session = self.session()
@@ -82,22 +84,36 @@ class NebulaGraphStore(GraphStore):
         raise NotImplementedError("NebulaGraphStore does not delete edges")
 
     def _scan(self, mapping: EdgeMapping) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored edges between nodes of the edge type's node types (other PyG edge types
+        may read the same NebulaGraph edge type between other node types)."""
+        self.counts.check_apart()
         found = rows(
             self.session(), f"LOOKUP ON `{mapping.edge}` YIELD src(edge) AS s, dst(edge) AS d"
         )
         pairs = np.array(found, dtype=np.int64).reshape(-1, 2)
         source_type, _, destination_type = mapping.edge_type
-        stored_source, stored_destination = pairs[:, 0], pairs[:, 1]
+        source, destination = pairs[:, 0], pairs[:, 1]
         if mapping.reverse:
-            stored_source, stored_destination = stored_destination, stored_source
-        row = stored_source - self.schema.node_type(source_type).vid_offset
-        col = stored_destination - self.schema.node_type(destination_type).vid_offset
-        return torch.from_numpy(row.copy()), torch.from_numpy(col.copy())
+            source, destination = destination, source
+        ours = self.counts.contains(source_type, source)
+        ours &= self.counts.contains(destination_type, destination)
+        row = source[ours] - self.schema.node_type(source_type).vid_offset
+        col = destination[ours] - self.schema.node_type(destination_type).vid_offset
+        return torch.from_numpy(row), torch.from_numpy(col)
 
     def _vids(self, mapping: EdgeMapping, row: Any, col: Any) -> tuple[list[int], list[int]]:
         source_type, _, destination_type = mapping.edge_type
-        source = torch.as_tensor(row).long() + self.schema.node_type(source_type).vid_offset
-        destination = torch.as_tensor(col).long()
+        where = f" of edge type {tuple(mapping.edge_type)}"
+        source = check_node_ids(row, self.counts(source_type), source_type, "source node", where)
+        destination = check_node_ids(
+            col, self.counts(destination_type), destination_type, "destination node", where
+        )
+        if len(source) != len(destination):
+            raise WriteShapeError(
+                f"put_edge_index of {tuple(mapping.edge_type)} got {len(source)} source and "
+                f"{len(destination)} destination nodes: a COO edge index has one of each per edge"
+            )
+        source = source + self.schema.node_type(source_type).vid_offset
         destination = destination + self.schema.node_type(destination_type).vid_offset
         if mapping.reverse:
             source, destination = destination, source
@@ -105,12 +121,11 @@ class NebulaGraphStore(GraphStore):
 
     def _size(self, mapping: EdgeMapping) -> tuple[int, int]:
         source_type, _, destination_type = mapping.edge_type
-        return self._counter.num_nodes(source_type), self._counter.num_nodes(destination_type)
+        return self.counts(source_type), self.counts(destination_type)
 
     def close(self) -> None:
         """Sign out this process's own sessions (worker sessions belong to the loader)."""
         self.session.close()
-        self._counter.close()
 
     def __repr__(self) -> str:
         return f"NebulaGraphStore(edges={[m.edge_type for m in self.schema.edges]}, {self.hooks!r})"

@@ -23,6 +23,7 @@ from torch_geometric.sampler import (
 )
 
 from mploader.integrations.nebula.hooks import NebulaHooks
+from mploader.integrations.nebula.pyg.nodes import NodeCounts, check_node_ids
 from mploader.integrations.nebula.pyg.queries import SessionSource, rows
 from mploader.integrations.nebula.pyg.schema import EdgeMapping, EdgeType, GraphSchema
 from mploader.integrations.nebula.statements import GRAPHD_MAX_QUERY_BYTES, split_id_statements
@@ -56,6 +57,7 @@ class NebulaNeighborSampler(BaseSampler):
         self.schema = schema
         self.hooks = hooks
         self.session = SessionSource(hooks)
+        self.counts = NodeCounts(schema, self.session)
         self.seed = seed
         self.max_query_bytes = max_query_bytes
         self.num_neighbors = _per_edge_type(schema, num_neighbors)
@@ -67,8 +69,9 @@ class NebulaNeighborSampler(BaseSampler):
     def sample_from_nodes(
         self, inputs: NodeSamplerInput, **kwargs: Any
     ) -> SamplerOutput | HeteroSamplerOutput:
-        input_type = inputs.input_type or self.schema.node_type(None).tag
-        seeds = np.asarray(inputs.node.tolist(), dtype=np.int64)
+        input_type = self.schema.node_type(inputs.input_type).tag
+        seeds = check_node_ids(inputs.node, self.counts(input_type), input_type, "seed node")
+        self.counts.check_apart()
         generator = self._generator(seeds)
         sampled = _Subgraph(self.schema, input_type, seeds)
         session = self.session()
@@ -93,7 +96,9 @@ class NebulaNeighborSampler(BaseSampler):
         self, session: Any, mapping: EdgeMapping, targets: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(neighbour, target)`` index pairs of every edge of ``mapping`` into ``targets``,
-        sorted by target then neighbour (a server's row order must not change the sample)."""
+        sorted by target then neighbour (a server's row order must not change the sample).
+        Only neighbours of the edge type's source node type count: other PyG edge types may
+        read the same NebulaGraph edge type from other node types."""
         if len(targets) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         source_type, _, destination_type = mapping.edge_type
@@ -110,9 +115,11 @@ class NebulaNeighborSampler(BaseSampler):
             found.extend(rows(session, statement))
         pairs = np.array(found, dtype=np.int64).reshape(-1, 2)
         if mapping.reverse:
-            ends, neighbours = pairs[:, 0] - offset, pairs[:, 1] - neighbour_offset
+            ends, neighbours = pairs[:, 0], pairs[:, 1]
         else:
-            neighbours, ends = pairs[:, 0] - neighbour_offset, pairs[:, 1] - offset
+            neighbours, ends = pairs[:, 0], pairs[:, 1]
+        ours = self.counts.contains(source_type, neighbours)
+        neighbours, ends = neighbours[ours] - neighbour_offset, ends[ours] - offset
         order = np.lexsort((neighbours, ends))
         return neighbours[order], ends[order]
 
@@ -135,6 +142,8 @@ class NebulaNeighborSampler(BaseSampler):
 def _per_edge_type(schema: GraphSchema, num_neighbors: NumNeighbors) -> dict[EdgeType, list[int]]:
     if isinstance(num_neighbors, Mapping):
         fanouts = {tuple(key): list(value) for key, value in num_neighbors.items()}
+        for edge_type in fanouts:
+            schema.edge_mapping(edge_type)  # type: ignore[arg-type]  # an unknown one: its error
         missing = [m.edge_type for m in schema.edges if tuple(m.edge_type) not in fanouts]
         if missing:
             raise ValueError(f"num_neighbors has no entry for the edge types {missing}")
