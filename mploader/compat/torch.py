@@ -52,6 +52,7 @@ __all__ = [
     "default_collate_fn_map",
     "index_sampler",
     "iterable_length_seen",
+    "iterator_refusal",
     "numpy_worker_seed",
     "pin_memory",
     "reduce_tensor",
@@ -121,6 +122,13 @@ UNPICKLABLE_WORKER_WARNING: str | None = (
     "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
     "arguments to be picklable. You can also try multiprocessing.set_start_method('fork')."
 ) if TORCH_VERSION >= (2, 10) else None
+
+
+def iterator_refusal(message: str) -> AssertionError:
+    """What torch's iterators raise for arguments its constructor lets through (a zero
+    ``prefetch_factor``, a ``timeout`` without workers): an ``AssertionError`` saying ``message``
+    since 2.10, a bare ``assert`` in 2.6-2.9."""
+    return AssertionError(message) if TORCH_VERSION >= (2, 10) else AssertionError()
 
 
 # -- Pinning -----------------------------------------------------------------------------------

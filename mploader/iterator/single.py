@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from mploader import finalizers
+from mploader.compat import torch as torch_compat
 from mploader.iterator import publisher
 from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import shard_in_main_process
@@ -34,7 +35,8 @@ class SingleProcessIterator(BaseIterator):
         constructed_at = time.monotonic()
         super().__init__(loader, settings)
         if self._timeout != 0:  # torch's wording: its single-process iterator refuses a timeout
-            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+            raise torch_compat.iterator_refusal(
+                "_SingleProcessDataLoaderIter requires timeout == 0")
         self._hooks_active = False
         if settings.worker_hooks is not None:
             info = make_worker_info(0, 1, self._base_seed, self._dataset)

@@ -64,6 +64,18 @@ def assert_same_batches(expected: list[Any], actual: list[Any], what: str = "epo
         assert_same(e, a, f"{what} batch {i}")
 
 
+def assert_same_failure(expected: BaseException, actual: BaseException) -> None:
+    """mploader failed as torch did: the same type, and the same message, which torch wraps as
+    "Caught E in DataLoader worker process N. Original Traceback ... E: message" where the
+    failure happened in a worker or its pin thread (mploader raises the original exception)."""
+    assert type(actual) is type(expected), f"{actual!r} != torch's {expected!r}"
+    if str(expected).startswith("Caught "):
+        assert str(expected).rstrip().endswith(f"{type(actual).__name__}: {actual}"), (
+            actual, expected)
+    else:
+        assert str(actual) == str(expected)
+
+
 def collect(loader: Any, epochs: int = 1) -> list[list[Any]]:
     """Every batch of ``epochs`` full epochs, one list per epoch."""
     return [list(loader) for _ in range(epochs)]

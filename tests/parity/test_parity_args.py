@@ -31,6 +31,7 @@ from .datasets import (
     ShardedIterable,
     TensorItems,
     assert_same_batches,
+    assert_same_failure,
     dict_collate,
     make_pair,
     messages,
@@ -329,14 +330,26 @@ def test_pin_memory_without_accelerator(num_workers: int, device: str, channel: 
     for candidate in (reference, loader):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            iterator = iter(candidate)
-        batches = list(iterator)
+            try:
+                batches: Any = list(iter(candidate))
+            except RuntimeError as error:  # torch 2.6-2.8 pin for pin_memory_device="cpu"
+                error.__traceback__ = None
+                batches = error
         records.append(([m for m in messages(caught) if m[0] is UserWarning], batches))
     (expected, torch_batches), (actual, mploader_batches) = records
-    assert len(expected) == (2 if device else 1)
-    assert actual == expected
+    assert actual == expected  # which warnings depends on the torch (2.6, 2.7-2.8, 2.9+)
+    if isinstance(torch_batches, BaseException):
+        if num_workers and torch_compat.TORCH_VERSION < (2, 9):
+            # On purpose (README): torch 2.6-2.8 fail at iter() looking for the device's
+            # current index (2.6: a CUDA initialisation error whatever the device); mploader
+            # fails where it pins, with pin_memory()'s own error for that device.
+            assert isinstance(mploader_batches, RuntimeError), mploader_batches
+        else:
+            assert_same_failure(torch_batches, mploader_batches)
+        return
     assert_same_batches(torch_batches, mploader_batches)
-    assert not any(batch["x"].is_pinned() for batch in mploader_batches)
+    assert ([batch["x"].is_pinned() for batch in mploader_batches]
+            == [batch["x"].is_pinned() for batch in torch_batches])
 
 
 def test_too_many_workers_warning() -> None:
@@ -362,7 +375,7 @@ def test_zero_prefetch_factor_is_rejected_when_iterating() -> None:
     expected = raised(lambda: iter(reference))
     expected.__traceback__ = None  # frees torch's half-built iterator here, not in a later test
     gc.collect()
-    assert type(expected) is AssertionError
+    assert type(expected) is AssertionError  # its message: since torch 2.10 (a bare assert before)
     loader = mploader.DataLoader(TensorItems(4), num_workers=2, prefetch_factor=0)
     with pytest.raises(AssertionError) as caught:
         iter(loader)

@@ -17,6 +17,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
 import mploader
+from mploader.compat import torch as torch_compat
 
 from .layouts import KINDS, NONLEAF, EveryKind, PairsSampler, assert_same_tensor, describe, make
 from .test_parity_errors import outcomes
@@ -119,6 +120,8 @@ def test_non_leaf_tensor_requiring_grad_is_refused(start_method: str, channel: b
         assert str(error) == str(torch_refusal.value)
 
 
+@pytest.mark.skipif(torch_compat.TORCH_VERSION < (2, 13),
+                    reason="torch before 2.13 still has named tensors")
 def test_named_tensors_are_gone_from_torch() -> None:
     """Why no named tensor is tested: torch 2.13 has none to carry."""
     assert not hasattr(torch.Tensor, "refine_names")
