@@ -8,6 +8,10 @@ graphd's behaviour reproduced here: ``authenticate`` answers ``E_BAD_USERNAME_PA
 CreateTime, UpdateTime, GraphAddr, Timezone, ClientIp. Graph statements go to
 :class:`~nebula_testing.nebula_graph.GraphStore`.
 
+A login can be held before and after graphd makes its session (``--login-delay-ms``), and every
+session event goes to the server's event log when it has one (``--event-log``), so tests can kill
+a client at a known point of its login.
+
 The server's modelled network latency (``--latency-ms``) is added to every ``execute*`` call:
 the connection's thread sleeps before it replies, holding no lock and no CPU, so other
 connections are served meanwhile (a remote graphd's round trip and storage hops, not its work).
@@ -59,16 +63,23 @@ def shutdown_socket(connection: socket.socket, close: bool = False) -> None:
 class ConnectionHandler(GraphService.Iface):
     """The ``GraphService`` of one connection (knows its socket and the client's address)."""
 
-    def __init__(self, server: NebulaTestServer, connection: socket.socket, client_ip: str) -> None:
+    def __init__(
+        self, server: NebulaTestServer, connection: socket.socket, peer: tuple[Any, ...]
+    ) -> None:
         self.server = server
         self.connection = connection
-        self.client_ip = client_ip
+        self.client_ip = str(peer[0])
+        self.client = f"{peer[0]}:{peer[1]}"  # as the event log names the connection
 
     def verifyClientVersion(self, req: Any = None) -> VerifyClientVersionResp:
         return VerifyClientVersionResp(error_code=ErrorCode.SUCCEEDED)
 
     def authenticate(self, username: Any = None, password: Any = None) -> AuthResponse:
         user, secret = _text(username), _text(password)
+        before_session, after_session = self.server.login_delays
+        self.server.event("login", client=self.client, user=user)
+        if before_session > 0:  # the request reached graphd; the session is not made yet
+            time.sleep(before_session)
         expected = self.server.users.get(user)
         if expected is None or expected != secret:
             message = "User not exist" if expected is None else "Invalid password"
@@ -79,6 +90,9 @@ class ConnectionHandler(GraphService.Iface):
             record = self.server.sessions.create(user, self.client_ip)
         except QueryError as error:  # graphd's session cap (max_sessions_per_ip_per_user)
             return AuthResponse(error_code=error.code, error_msg=error.message.encode())
+        self.server.event("session", client=self.client, session=record.session_id)
+        if after_session > 0:  # the session exists; its id is not on its way yet
+            time.sleep(after_session)
         return AuthResponse(
             error_code=ErrorCode.SUCCEEDED,
             session_id=record.session_id,
@@ -87,7 +101,8 @@ class ConnectionHandler(GraphService.Iface):
         )
 
     def signout(self, sessionId: Any = None) -> None:
-        self.server.sessions.remove(sessionId)
+        live = self.server.sessions.remove(sessionId)
+        self.server.event("signout", client=self.client, session=sessionId, live=live)
 
     def execute(self, sessionId: Any = None, stmt: Any = None) -> ExecutionResponse:
         return self.executeWithParameter(sessionId, stmt, None)
@@ -168,6 +183,7 @@ class ConnectionHandler(GraphService.Iface):
                 return self._show_sessions(statement.session_id)
             if isinstance(statement, ngql_syntax.KillSessionStmt):
                 self.server.sessions.kill(statement.session_id)
+                self.server.event("kill-session", client=self.client, session=statement.session_id)
                 return QueryResult()
             if session.space is not None and session.space not in self.server.store.spaces:
                 session.space = None  # the space was dropped under this session

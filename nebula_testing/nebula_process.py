@@ -131,6 +131,8 @@ def start_server_process(
     max_sessions_per_ip_per_user: int | None = None,
     session_idle_timeout_secs: float | None = None,
     max_allowed_query_size: int | None = None,
+    login_delay_ms: tuple[float, float] = (0.0, 0.0),
+    event_log: str | os.PathLike[str] | None = None,
 ) -> NebulaServerProcess:
     """Start ``python -m nebula_testing.nebula_server`` and return its running handle.
 
@@ -139,8 +141,13 @@ def start_server_process(
     ``latency_ms`` is the modelled network latency added to every statement (0: none).  The
     session rules default to graphd's (300 sessions per IP and user, 8 h idle timeout, 4 MiB
     statements: :mod:`nebula_testing.nebula_sessions`); pass a value to change one.
+    ``login_delay_ms``: how long each login waits before and after graphd makes its session;
+    ``event_log``: a file the server notes session events in (:mod:`nebula_testing.nebula_events`).
     """
     arguments = ["--host", "127.0.0.1", "--latency-ms", str(latency_ms)]
+    arguments += ["--login-delay-ms", f"{login_delay_ms[0]},{login_delay_ms[1]}"]
+    if event_log is not None:
+        arguments += ["--event-log", os.fspath(event_log)]
     rules = {
         "--max-sessions-per-ip-per-user": max_sessions_per_ip_per_user,
         "--session-idle-timeout-secs": session_idle_timeout_secs,

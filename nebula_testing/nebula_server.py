@@ -14,7 +14,10 @@ It prints ``LISTENING 127.0.0.1:<port>`` once ready and serves until SIGTERM/SIG
 ``--user name:password`` (default ``root:nebula``).  Besides the nGQL subset of
 :mod:`nebula_testing.ngql` it understands fault statements for tests: ``DEBUG DROP CONNECTION``
 (closes the caller's own connection without replying), ``DEBUG DROP CONNECTIONS`` (closes every
-other connection) and ``DEBUG SLEEP <ms>``.  :func:`start_server_process` runs it as a subprocess.
+other connection) and ``DEBUG SLEEP <ms>``; ``--login-delay-ms BEFORE,AFTER`` holds every
+``authenticate`` before and after it makes the session, and ``--event-log PATH`` notes each
+session event (:mod:`nebula_testing.nebula_events`), so a test can kill a client mid-login.
+:func:`start_server_process` runs it as a subprocess.
 
 graphd's session rules are on, with graphd's defaults and flags
 (:mod:`nebula_testing.nebula_sessions`): ``--max-sessions-per-ip-per-user`` (300),
@@ -47,6 +50,7 @@ from nebula3.graph import GraphService
 
 from mploader.integrations.nebula import encode_features
 from nebula_testing import citation, ngql_syntax
+from nebula_testing.nebula_events import EventLog
 from nebula_testing.nebula_graph import GraphStore, Schema
 from nebula_testing.nebula_handler import ConnectionHandler, shutdown_socket
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
@@ -69,11 +73,19 @@ class NebulaTestServer:
         users: dict[str, str] | None = None,
         latency_ms: float = 0.0,
         rules: SessionRules | None = None,
+        login_delay_ms: tuple[float, float] = (0.0, 0.0),
+        event_log: str | None = None,
     ) -> None:
         if latency_ms < 0:
             raise ValueError(f"latency_ms must be >= 0 (0 turns it off), got {latency_ms}")
+        if min(login_delay_ms) < 0:
+            raise ValueError(f"login_delay_ms must be >= 0, got {login_delay_ms}")
         self.users = dict(users or {"root": "nebula"})
         self.query_latency = latency_ms / 1000.0
+        # How long an authenticate waits before it makes the session, and after (before the
+        # answer): a login held at either point, for tests that kill its client there.
+        self.login_delays = (login_delay_ms[0] / 1000.0, login_delay_ms[1] / 1000.0)
+        self.event_log = EventLog(event_log) if event_log else None
         self.statement_cache = StatementCache()
         self.store = GraphStore()
         self.sessions = SessionTable(rules)  # graphd's session rules, graphd's defaults
@@ -87,6 +99,11 @@ class NebulaTestServer:
     @property
     def graph_addr(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def event(self, name: str, **fields: object) -> None:
+        """Note a session event in ``--event-log`` (when there is one)."""
+        if self.event_log is not None:
+            self.event_log.write(name, **fields)
 
     def serve_forever(self) -> None:
         """Accept connections until :meth:`stop`; each runs in its own daemon thread."""
@@ -129,8 +146,9 @@ class NebulaTestServer:
         transport_socket.setHandle(connection)
         transport = TTransport.TBufferedTransport(transport_socket)
         protocol = THeaderProtocol(transport, client_types=_CLIENT_TYPES)
-        processor = GraphService.Processor(ConnectionHandler(self, connection, str(peer[0])))
-        processor.setEventHandler(_QuietEventHandler())
+        handler = ConnectionHandler(self, connection, peer)
+        processor = GraphService.Processor(handler)
+        processor.setEventHandler(_EventHandler(handler))
         try:
             while not self.stopping.is_set():
                 processor.process(protocol, protocol, None)
@@ -173,8 +191,18 @@ class NebulaTestServer:
                 target.add_edge(citation.CITES_EDGE, src, dst, 0, {})
 
 
-class _QuietEventHandler(TProcessorEventHandler):
-    """Log handler errors, except a reply that cannot be sent because the client is gone."""
+class _EventHandler(TProcessorEventHandler):
+    """Log handler errors, except a reply that cannot be sent because the client is gone; note
+    each answered ``authenticate`` in the event log."""
+
+    def __init__(self, handler: ConnectionHandler) -> None:
+        self.handler = handler
+
+    def postWrite(self, handler_context: Any, fn_name: str, result: Any) -> None:
+        if fn_name == "authenticate":
+            answer = getattr(result, "success", None)
+            session = getattr(answer, "session_id", None)
+            self.handler.server.event("answered", client=self.handler.client, session=session)
 
     def handlerError(self, handler_context: Any, fn_name: str, exception: BaseException) -> None:
         if not isinstance(exception, TTransport.TTransportException | OSError):
@@ -210,6 +238,19 @@ def _parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="modelled network latency added to every statement's reply (0 = off)",
+    )
+    parser.add_argument(
+        "--login-delay-ms",
+        default="0,0",
+        metavar="BEFORE,AFTER",
+        help="each authenticate waits BEFORE ms before it makes the session and AFTER ms after "
+        "(before answering): a login held mid-way, for tests that kill its client (0,0: off)",
+    )
+    parser.add_argument(
+        "--event-log",
+        default=None,
+        metavar="PATH",
+        help="append session events (login, session, answered, signout, kill-session) to PATH",
     )
     defaults = SessionRules()
     parser.add_argument(
@@ -247,7 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments.session_idle_timeout_secs,
         arguments.max_allowed_query_size,
     )
-    server = NebulaTestServer(arguments.host, arguments.port, users, arguments.latency_ms, rules)
+    before, _, after = arguments.login_delay_ms.partition(",")
+    server = NebulaTestServer(
+        arguments.host, arguments.port, users, arguments.latency_ms, rules,
+        (float(before), float(after or 0)), arguments.event_log,
+    )
     if arguments.preload == "citation":
         graph = citation.make_citation_graph(
             arguments.nodes,
