@@ -9,12 +9,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from mploader.integrations.nebula.budget import HostSessionBudget
-from mploader.integrations.nebula.pool import (
-    PooledSession,
-    PoolSettings,
-    SessionPool,
-    sweep_stale_sessions,
-)
+from mploader.integrations.nebula.logins import sweep_stale_sessions
+from mploader.integrations.nebula.pool import PooledSession, PoolSettings, SessionPool
 from mploader.integrations.nebula.session import (
     NebulaSession,
     describe_addresses,
@@ -119,9 +115,13 @@ class NebulaHooks(WorkerHooks):
 
     def on_worker_died(self, worker_id: int, pid: int | None) -> None:
         """In the main process: sign out the sessions dead processes left on graphd (their
-        budget slots name them; the kernel freed the slots' locks when they died)."""
+        budget slots name them, or name the login that made them; the kernel freed the slots'
+        locks when they died)."""
         budget = HostSessionBudget(self.user, self.addresses, self.session_budget)
-        swept = sweep_stale_sessions(budget)
+        lister = NebulaSession(  # signs in only if a dead login must be looked for
+            self.addresses, self.user, self.password, None, self.config, reconnect=False
+        )
+        swept = sweep_stale_sessions(budget, lister)
         if swept:
             _log.info("signed out %d sessions left by worker %d (pid %s)", swept, worker_id, pid)
 

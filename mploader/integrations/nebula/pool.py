@@ -9,7 +9,8 @@ process needs only as many sessions as statements it has in flight, or fewer: th
 session of their own process.
 
 * **Growth.**  A thread that finds no idle session logs one in, one login at a time per process,
-  and only after taking a slot of the host-wide budget (:mod:`.budget`).  A refused login
+  and only after taking a slot of the host-wide budget (:mod:`.budget`), which names the login
+  from before its request leaves (:mod:`.logins`).  A refused login
   (budget full, or graphd's cap: "Too many sessions") holds growth back with exponential backoff
   and jitter; the process goes on with the sessions it has.  A process with none marks the budget
   *hungry*, and processes holding several give one back, so every process gets one.
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from mploader.errors import MploaderError
 from mploader.integrations.nebula.backoff import FIRST_WAIT_SECONDS, LONGEST_WAIT_SECONDS, Backoff
-from mploader.integrations.nebula.budget import HostSessionBudget, SessionSlot
+from mploader.integrations.nebula.budget import HostSessionBudget, LoginInFlight, SessionSlot
 from mploader.integrations.nebula.errors import (
     NebulaConnectionError,
     NebulaError,
@@ -49,6 +50,7 @@ from mploader.integrations.nebula.errors import (
     NebulaSessionLimitError,
     NebulaSessionLostError,
 )
+from mploader.integrations.nebula.logins import settle_dead_logins, sign_in, sign_out_named
 from mploader.integrations.nebula.session import (
     DroppedInForkedChild,
     NebulaSession,
@@ -286,26 +288,30 @@ class SessionPool:
     # -- inside ----------------------------------------------------------------------------------
 
     def _login(self) -> _Member:
+        """A new session in a slot of the budget's; the slot names the login throughout
+        (:func:`~.logins.sign_in`), and what a dead holder left in it is signed out."""
         slot = self.budget.try_acquire()
         if slot is None:
             raise _LoginRefused("every slot of the host's session budget is held")
         try:
-            if slot.stale is not None:  # a dead process's session: sign it out first
-                with contextlib.suppress(Exception):
-                    sign_out(slot.stale.address, [slot.stale.session_id])
+            sign_out_named([slot])  # a dead process's sessions: signed out first
             settings = self.settings
             session = NebulaSession(
                 settings.addresses, settings.user, settings.password, settings.space,
                 settings.config, reconnect=False,
             )
             try:
-                session.open()
+                signed_in = sign_in(slot, session)
             except NebulaSessionLimitError as error:
                 self.last_refusal = str(error)
                 raise _LoginRefused(str(error)) from error
-            slot.record(session.session_id or 0, session.address)
+            dead = [record for record in slot.inherited if isinstance(record, LoginInFlight)]
+            if dead:  # a dead process's logins in flight: looked for with the new session
+                settlement = settle_dead_logins(self.budget, settings.user, signed_in, dead)
+                unsettled = settlement.unsettled
+                slot.settled([r for r in slot.inherited if r not in dead or r in unsettled])
         except BaseException:
-            slot.release(signed_out=True)
+            slot.release(signed_out=False)  # its records say what may be left on graphd
             raise
         return _Member(session, slot)
 
@@ -384,27 +390,6 @@ def _sign_out_members(members: list[_Member]) -> None:
             signed_out = True
         for member in group:
             member.slot.release(signed_out)
-
-
-def sweep_stale_sessions(budget: HostSessionBudget) -> int:
-    """Sign out every session the budget's slots record for processes that are gone; returns
-    how many were signed out.  Run in the main process when a worker died."""
-    swept = 0
-    with budget.stale_sessions() as found:
-        by_address: dict[str, list[Any]] = {}
-        for slot, stale in found:
-            by_address.setdefault(stale.address, []).append((slot, stale))
-        for address, group in by_address.items():
-            try:
-                sign_out(address, [stale.session_id for _, stale in group])
-            except Exception as error:
-                _log.warning("could not sign out %d sessions at %s: %s", len(group), address,
-                             error)
-                continue
-            for slot, _ in group:
-                slot.release(signed_out=True)
-            swept += len(group)
-    return swept
 
 
 class PooledSession:

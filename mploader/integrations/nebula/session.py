@@ -113,6 +113,7 @@ class NebulaSession:
         self.closed = False
         self.detached = False
         self._pool: Any = None
+        self._connection: Any = None  # between connect() and sign_in(): the login's connection
         self._session: Any = None
         self._lock = threading.RLock()
 
@@ -141,9 +142,97 @@ class NebulaSession:
         with self._lock:
             self._check_usable()
             if self._session is None:
-                self._pool, self._session = self._connect()
-                _live_sessions.add(self)
+                self._login()
         return self
+
+    # The steps of open(), one by one, for a caller that notes where a login is at each (a
+    # pool's budget slot, :mod:`.logins`): graphd makes the session during sign_in(), and only
+    # its answer carries the id.
+
+    def connect(self) -> str:
+        """Reach graphd: a connection for the login, no session yet; its ``host:port``."""
+        from nebula3.Config import Config
+        from nebula3.gclient.net import ConnectionPool
+
+        with self._lock:
+            self._check_usable()
+            if self._session is not None or self._connection is not None:
+                raise errors.NebulaError(f"{self!r} is already connected")
+            pool = ConnectionPool()
+            try:
+                pool.init(self.addresses, self.config if self.config is not None else Config())
+                connection = pool.get_connection()
+                if connection is None:
+                    raise ConnectionError("no graphd of the pool answers")
+            except Exception as error:
+                with contextlib.suppress(Exception):
+                    pool.close()
+                raise errors.NebulaConnectionError(
+                    f"cannot reach NebulaGraph graphd at {self.where} ({_message(error)}). "
+                    "Check that graphd is running and that the address is right "
+                    "(NebulaHooks(addresses=...)); for tests, start "
+                    "`python -m nebula_testing.nebula_server --port 9669`"
+                ) from error
+            self._pool, self._connection = pool, connection
+            _live_sessions.add(self)
+            host, port = connection.get_address()
+            return f"{host}:{port}"
+
+    def sign_in(self) -> int:
+        """Authenticate over the connection :meth:`connect` made: graphd makes the session;
+        its id.  A refusal (graphd's session cap, a wrong password) leaves no session; a
+        connection that broke first may have left one."""
+        from nebula3.Exception import AuthFailedException
+        from nebula3.gclient.net.Session import Session
+
+        with self._lock:
+            self._check_usable()
+            connection = self._connection
+            if connection is None:
+                raise errors.NebulaError(f"{self!r}: sign_in() before connect()")
+            try:
+                answer = connection.authenticate(self.user, self.password)
+            except AuthFailedException as error:
+                self._drop_pool()
+                if SESSION_CAP_TEXT in _message(error):
+                    raise errors.NebulaSessionLimitError(
+                        f"NebulaGraph at {self.where} refused a session for its session cap: "
+                        f"{_message(error)}"
+                    ) from error
+                raise errors.NebulaAuthError(
+                    f"NebulaGraph at {self.where} rejected user {self.user!r}: "
+                    f"{_message(error)}. Check the user name and password "
+                    "(NebulaHooks(user=..., password=...))"
+                ) from error
+            except Exception as error:
+                self._drop_pool()
+                raise errors.NebulaConnectionError(
+                    f"could not open a session on NebulaGraph at {self.where} as "
+                    f"{self.user!r}: {type(error).__name__}: {_message(error)}"
+                ) from error
+            self._session = Session(connection, answer, self._pool, False)
+            self._connection = None
+            return int(self._session._session_id)
+
+    def use_space(self) -> None:
+        """``USE`` the space on the new session (nothing to do without one).  On failure the
+        session is signed out (one-way, over its own connection) and closed."""
+        with self._lock:
+            if not self.space or self._session is None:
+                return
+            try:
+                result = self._use_space(self._session)
+            except BaseException:
+                self._drop_pool()
+                raise
+            if not result.is_succeeded():
+                self._drop_pool()
+                raise errors.NebulaQueryError(
+                    f"cannot use space {self.space!r} on NebulaGraph at {self.where}: "
+                    f"{result.error_msg()}. Create the space or fix NebulaHooks(space=...)",
+                    result.error_code(),
+                    f"USE `{self.space}`",
+                )
 
     def execute(self, statement: str) -> ResultSet:
         """Run ``statement``: its ``ResultSet`` if it succeeded, else :class:`NebulaQueryError`."""
@@ -206,7 +295,7 @@ class NebulaSession:
                 self.detach()
                 return
             session, pool = self._session, self._pool
-            self._session = self._pool = None
+            self._session = self._pool = self._connection = None
             self.closed = True
             _live_sessions.discard(self)
         if session is not None:
@@ -227,7 +316,7 @@ class NebulaSession:
         socket leaves the parent's connection open.  Idempotent.
         """
         session, pool = self._session, self._pool
-        self._session = self._pool = None
+        self._session = self._pool = self._connection = None
         self.detached = True
         self._lock = threading.RLock()  # the parent's lock may have been held at fork time
         _live_sessions.discard(self)
@@ -245,66 +334,30 @@ class NebulaSession:
         if self.closed:
             raise errors.NebulaError(f"this NebulaSession to {self.where} is closed")
 
-    def _connect(self) -> tuple[Any, Any]:
-        from nebula3.Config import Config
-        from nebula3.Exception import AuthFailedException
-        from nebula3.gclient.net import ConnectionPool
+    def _login(self) -> None:
+        self.connect()
+        self.sign_in()
+        self.use_space()
 
-        pool = ConnectionPool()
-        try:
-            pool.init(self.addresses, self.config if self.config is not None else Config())
-        except Exception as error:
+    def _drop_pool(self) -> None:
+        """A login step failed: sign the session out if there is one (one-way) and close."""
+        session, pool = self._session, self._pool
+        self._session = self._pool = self._connection = None
+        _live_sessions.discard(self)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.release()
+            detach_raw_session(session, None)  # its __del__ must not try again on a dead socket
+        if pool is not None:
             with contextlib.suppress(Exception):
                 pool.close()
-            raise errors.NebulaConnectionError(
-                f"cannot reach NebulaGraph graphd at {self.where} ({_message(error)}). Check that "
-                "graphd is running and that the address is right (NebulaHooks(addresses=...)); "
-                "for tests, start `python -m nebula_testing.nebula_server --port 9669`"
-            ) from error
-        try:
-            session = pool.get_session(self.user, self.password, retry_connect=False)
-        except AuthFailedException as error:
-            pool.close()
-            if SESSION_CAP_TEXT in _message(error):
-                raise errors.NebulaSessionLimitError(
-                    f"NebulaGraph at {self.where} refused a session for its session cap: "
-                    f"{_message(error)}"
-                ) from error
-            raise errors.NebulaAuthError(
-                f"NebulaGraph at {self.where} rejected user {self.user!r}: {_message(error)}. "
-                "Check the user name and password (NebulaHooks(user=..., password=...))"
-            ) from error
-        except Exception as error:
-            pool.close()
-            raise errors.NebulaConnectionError(
-                f"could not open a session on NebulaGraph at {self.where} as {self.user!r}: "
-                f"{type(error).__name__}: {_message(error)}"
-            ) from error
-        if self.space:
-            result = self._use_space(pool, session)
-            if not result.is_succeeded():
-                message = result.error_msg()
-                with contextlib.suppress(Exception):
-                    session.release()
-                pool.close()
-                raise errors.NebulaQueryError(
-                    f"cannot use space {self.space!r} on NebulaGraph at {self.where}: {message}. "
-                    "Create the space or fix NebulaHooks(space=...)",
-                    result.error_code(),
-                    f"USE `{self.space}`",
-                )
-        return pool, session
 
-    def _use_space(self, pool: Any, session: Any) -> Any:
+    def _use_space(self, session: Any) -> Any:
         """``USE`` the space on a new session: its ``ResultSet``.  graphd going away before it
         answers is :class:`NebulaConnectionError`, as at sign-in (the caller backs off)."""
         try:
             return session.execute(f"USE `{self.space}`")
         except _broken_connection_errors() as error:
-            with contextlib.suppress(Exception):
-                session.release()
-            with contextlib.suppress(Exception):
-                pool.close()
             raise errors.NebulaConnectionError(
                 f"NebulaGraph at {self.where} broke the connection before a new session could "
                 f"use space {self.space!r} ({type(error).__name__}: {_message(error)})"
@@ -313,10 +366,10 @@ class NebulaSession:
     def _reconnect(self, cause: str) -> None:
         old_session, old_pool = self._session, self._pool
         old_id = self.session_id
-        self._session = self._pool = None
+        self._session = self._pool = self._connection = None
         detach_raw_session(old_session, old_pool)  # its socket is broken or its session is gone
         try:
-            self._pool, self._session = self._connect()
+            self._login()
         except errors.NebulaError as error:
             raise errors.NebulaConnectionError(
                 f"lost the session on NebulaGraph at {self.where} ({cause}) and could not "
