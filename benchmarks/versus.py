@@ -19,6 +19,10 @@ How it measures, the same for both loaders:
   mploader's pool growth. The clock starts once the ``warm``-th batch has been checked and stops
   once the last batch has been checked; the figure is that time over the number of timed batches.
   The end of the epoch (worker shutdown) is outside the clock, and so is collecting statistics.
+* Epoch workloads (ms/batch): one loader for the whole repetition, one untimed epoch, then
+  ``TIMED_EPOCHS`` epochs timed whole (``iter()``, every batch, the end of the epoch: with
+  non-persistent workers, torch's default, a new generation of workers each epoch).  Page faults
+  count every process of the timed epochs, the workers of each epoch included.
 * Window workloads (ms per epoch): the consumer keeps the last ``keep`` batches (a sliding
   window, as a model comparing recent batches would), with a shared-memory budget smaller than
   the window for mploader; the clock covers ``iter()`` up to the last batch. Each batch is checked
@@ -83,6 +87,7 @@ SMALL_TENSOR_BATCH = 64
 DEFAULT_REPEATS = 5
 QUICK_REPEATS = 3
 IO_SLEEP_SECONDS = 0.020
+TIMED_EPOCHS = 2  # epoch workloads: timed epochs after the untimed first
 
 
 # -- datasets (module level so that they pickle for spawn) ----------------------------------------
@@ -280,7 +285,8 @@ class Workload:
 
     @property
     def unit(self) -> str:
-        return {"throughput": "ms/batch", "window": "ms/epoch"}.get(self.kind, "ms")
+        return {"throughput": "ms/batch", "epochs": "ms/batch",
+                "window": "ms/epoch"}.get(self.kind, "ms")
 
 
 def _large_expected() -> Callable[[int], Expected]:
@@ -401,6 +407,20 @@ def build_workloads(quick: bool) -> list[Workload]:
         _large_collate_expected(), touch_pages, batches, 0, cleanup=collate_base.drop,
         memcpy_bound=1.2,
     ))
+    # Short epochs of big batches with torch's default non-persistent workers: every epoch a new
+    # generation of workers (mploader hands them the blocks the previous one filled), and the
+    # same with persistent workers, the figure the first should come within 1.15x of.
+    batches = 8 if not quick else 4
+    for persistence in (False, True):
+        workloads.append(Workload(
+            "large_epochs" + ("_persistent" if persistence else ""), "epochs",
+            f"large in epochs of {batches} batches, persistent_workers={persistence}, "
+            f"epochs 2-{TIMED_EPOCHS + 1} timed whole",
+            "-", 1.0, 2.0,
+            FreshLargeArrays, {"batch_size": None, "num_workers": 1, **fork,
+                               "persistent_workers": persistence},
+            _large_expected(), touch_pages, batches, 0,
+        ))
     batches, warm = sizes((330, 30), (100, 20))
     workloads.append(Workload(
         "medium", "throughput", "2 workers, 32 uint8 images 3x224x224 (4.8 MB)",
@@ -575,6 +595,58 @@ def run_throughput(loader_class: type, workload: Workload, dataset: Any,
         shut_down(iterator)
     del iterator, loader
     return elapsed / (total - workload.warm) * 1e3, summary
+
+
+def run_epochs(loader_class: type, workload: Workload, dataset: Any,
+               expected: list[Expected]) -> tuple[float, dict[str, Any]]:
+    loader = loader_class(dataset, **workload.loader_kwargs)
+    where = f"{workload.name} ({loader_class.__module__})"
+    main_pid = os.getpid()
+    seen: dict[int, tuple[int, int]] = {}  # worker pid -> its faults when last read
+    worker_faults = [0, 0]
+    main_before = page_faults(main_pid)
+    started = time.perf_counter()
+    channel = None
+    for epoch in range(1 + TIMED_EPOCHS):
+        if epoch == 1:  # the clock covers every later epoch, boundaries included
+            main_before = page_faults(main_pid)
+            started = time.perf_counter()
+        iterator = iter(loader)
+        try:
+            for number in range(workload.batches):
+                batch = next(iterator)
+                verify(batch, expected[number], workload.checksum,
+                       f"{where} epoch {epoch} batch {number}")
+                del batch
+            if epoch >= 1:  # this epoch's workers, still alive: what they faulted since read
+                for pid in worker_pids(iterator):
+                    now = page_faults(pid)
+                    before = seen.get(pid, (0, 0))
+                    worker_faults[0] += now[0] - before[0]
+                    worker_faults[1] += now[1] - before[1]
+                    seen[pid] = now
+            elif workload.loader_kwargs.get("persistent_workers"):
+                seen = {pid: page_faults(pid) for pid in worker_pids(iterator)}
+            channel = channel_summary(iterator)
+            for _ in iterator:  # the end of the epoch: non-persistent workers stop here
+                raise AssertionError(f"{where}: more than {workload.batches} batches")
+        finally:
+            if not workload.loader_kwargs.get("persistent_workers"):
+                shut_down(iterator)
+        del iterator
+    elapsed = time.perf_counter() - started
+    main_after = page_faults(main_pid)
+    timed = TIMED_EPOCHS * workload.batches
+    summary = {
+        "channel": channel,
+        "faults": {
+            "main": [(main_after[0] - main_before[0]) / timed,
+                     (main_after[1] - main_before[1]) / timed],
+            "workers": [worker_faults[0] / timed, worker_faults[1] / timed],
+        },
+    }
+    del loader
+    return elapsed / timed * 1e3, summary
 
 
 def run_window(loader_class: type, workload: Workload, dataset: Any,
@@ -810,12 +882,13 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
     result.fds_before, result.rss_before_mb = open_fds(), rss_mb()
     shm_before = set(own_shm_names())
     workload_started = time.perf_counter()
-    run = {"throughput": run_throughput, "window": run_window}.get(workload.kind, run_startup)
+    run = {"throughput": run_throughput, "window": run_window,
+           "epochs": run_epochs}.get(workload.kind, run_startup)
     side = "setup"
     dataset = None
     try:
         dataset = workload.make_dataset(workload.batches)
-        count = workload.batches if workload.kind in ("throughput", "window") else 1
+        count = workload.batches if workload.kind in ("throughput", "window", "epochs") else 1
         expected = [workload.expected(number) for number in range(count)]
         for repetition in range(repeats * workload.repeat_factor):
             for side, loader_class in loaders:  # A B A B

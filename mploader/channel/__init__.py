@@ -9,6 +9,9 @@ the iterator call it, never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from mploader.channel.protocol import BlockRelease, MainEnd, PendingPayload, WorkerEnd
 from mploader.config import SharedMemoryConfig
 
@@ -19,28 +22,33 @@ def open_worker_end(
     num_workers: int,
     loader_tag: str,
     pipeline_depth: int,
+    handed_blocks: Sequence[Any] = (),
 ) -> WorkerEnd:
     """A worker's end: plain pickling when ``config`` is None, else the worker's block pool.
     ``pipeline_depth``: at most this many of the worker's batches are in flight at once (the
-    loader's prefetch factor); past that, blocks in use are batches the consumer keeps."""
+    loader's prefetch factor); past that, blocks in use are batches the consumer keeps.
+    ``handed_blocks``: the blocks the main process kept from an earlier worker (``HandedBlock``)."""
     if config is None:
         from mploader.channel.plain import PlainWorkerEnd
 
         return PlainWorkerEnd()
     from mploader.channel.shm import WorkerChannel
 
-    return WorkerChannel(config, worker_id, num_workers, loader_tag, pipeline_depth)
+    return WorkerChannel(config, worker_id, num_workers, loader_tag, pipeline_depth, handed_blocks)
 
 
-def open_main_end(config: SharedMemoryConfig | None, loader_tag: str) -> MainEnd:
-    """The main process's end, matching :func:`open_worker_end`."""
+def open_main_end(config: SharedMemoryConfig | None, loader_tag: str,
+                  keeper: Any = None) -> MainEnd:
+    """The main process's end, matching :func:`open_worker_end`.  ``keeper``: the loader's
+    ``BlockKeeper``, whose blocks the channel hands to its workers and which keeps the free
+    blocks when the channel closes (None: blocks live and die with the channel)."""
     if config is None:
         from mploader.channel.plain import PlainMainEnd
 
         return PlainMainEnd()
     from mploader.channel.shm import MainChannel
 
-    return MainChannel(config, loader_tag)
+    return MainChannel(config, loader_tag, keeper)
 
 
 __all__ = [

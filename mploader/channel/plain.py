@@ -67,6 +67,9 @@ class PlainMainEnd:
     ) -> None:
         pass
 
+    def handed_blocks(self, worker_id: int) -> tuple[Any, ...]:
+        return ()
+
     def take_releases(self) -> list[BlockRelease]:
         return []
 

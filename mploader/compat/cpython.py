@@ -9,6 +9,9 @@
   exit handling, as a forked child does.  The zygote's forked workers run through it.
 * ``BaseProcess._popen``: the ``Popen`` of a started process, whose ``poll`` mploader serializes
   (``mploader.process.group.serialize_exit_polls``).
+* ``multiprocessing.reduction.DupFd`` (3.4 and later): a descriptor pickled for the child being
+  started, through the spawning ``Popen``; shared-memory blocks handed to a new worker travel so
+  (``mploader.channel.shm.handover``).
 * ``random.Random``'s C struct (``RandomObject`` in ``Modules/_randommodule.c``, 3.11 and 3.12):
   after the object header an ``int index`` and ``uint32_t state[624]``, read in place by the
   resume state's fingerprint (``mploader.worker.rng``).  :func:`random_words_reader` returns
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing.context
+import multiprocessing.reduction
 import random
 from collections.abc import Callable
 from typing import Any
@@ -49,3 +53,10 @@ def random_words_reader(generator: random.Random, watched_words: int) -> Callabl
     address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
     words = (ctypes.c_char * (4 + watched_words * 4)).from_address(address)
     return lambda: (words.raw, generator.gauss_next)  # type: ignore[attr-defined]
+
+
+def descriptor_for_child(descriptor: int) -> Any:
+    """``descriptor``, pickled for the child being started (spawn or forkserver, or mploader's
+    zygote): ``multiprocessing.reduction.DupFd`` duplicates it for that child through the
+    spawning ``Popen``; unpickled there, ``.detach()`` gives the child's descriptor."""
+    return multiprocessing.reduction.DupFd(descriptor)  # type: ignore[attr-defined]

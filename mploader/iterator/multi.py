@@ -33,6 +33,7 @@ from typing import Any
 from mploader import finalizers
 from mploader.channel import MainEnd, open_main_end
 from mploader.channel.shm.names import new_loader_tag
+from mploader.compat import torch as torch_compat
 from mploader.errors import (
     MploaderError,
     PicklesWithoutInit,
@@ -66,7 +67,7 @@ class MultiProcessIterator(BaseIterator):
         constructed_at = time.monotonic()  # start-up begins: the trace's first span
         super().__init__(loader, settings)
         if settings.prefetch_factor <= 0:  # torch's constructor lets 0 through; its iterator not
-            raise AssertionError(
+            raise torch_compat.iterator_refusal(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
             )
         self._prefetch_factor = settings.prefetch_factor
@@ -85,8 +86,17 @@ class MultiProcessIterator(BaseIterator):
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
         plan = self._resume_plan
         restores = plan.restores() if plan is not None and plan.workers else None
-        self._group = WorkerGroup(self._spec_template(), context, self._num_workers, restores,
-                                  self._timeout)
+        # The channel first: it holds the blocks the loader kept, which the workers' specs carry.
+        self._channel = open_main_end(settings.shared_memory, self._tag, settings.block_keeper)
+        try:
+            self._group = WorkerGroup(
+                self._spec_template(), context, self._num_workers, restores, self._timeout,
+                handed=[self._channel.handed_blocks(worker_id)
+                        for worker_id in range(self._num_workers)],
+            )
+        except BaseException:
+            self._channel.close()
+            raise
         latest = settings.latest_stats
         self._monitor = IteratorMonitor(self._num_workers, settings.tracer)
         self._monitor.epoch_started(self._begin_loader_epoch(first_iter=True), constructed_at)
@@ -100,7 +110,6 @@ class MultiProcessIterator(BaseIterator):
         # Lightning callback).  Events that stats() read but may not handle wait here.
         self._lock = threading.RLock()
         self._deferred: list[Event] = []
-        self._channel = open_main_end(settings.shared_memory, self._tag)
         if self._pin_memory:
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         # This iterator's number with the loader: its final snapshot counts only if it is the last
@@ -393,7 +402,8 @@ class MultiProcessIterator(BaseIterator):
                 [(other.task_id, other.indices) for other in others])
         self._restarts_left -= 1
         restore = self._tracker.restart_restore(worker_id) if self._tracker is not None else None
-        handle = self._group.restart(worker_id, self._table.iterator_epoch, restore)
+        handle = self._group.restart(worker_id, self._table.iterator_epoch, restore,
+                                     self._channel.handed_blocks(worker_id))
         self._monitor.worker_replaced(worker_id, handle.pid)
         for entry in held:
             self._group.send(worker_id, self._task(entry.task_id, entry.indices))

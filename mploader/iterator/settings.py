@@ -40,6 +40,9 @@ class LoaderSettings:
     resume: Any = None  # the loader's ResumeTracker; None: no state tracking (or a torch loader)
     worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
     latest_stats: Any = None  # the loader's LatestStats (DataLoader.stats()); None: a torch loader
+    # The loader's BlockKeeper: shared-memory blocks kept from one iterator to the next (an
+    # epoch without persistent workers); None: a torch loader (install()), blocks die with each.
+    block_keeper: Any = None
 
 
 def settings_of(loader: Any) -> LoaderSettings:
@@ -71,4 +74,5 @@ def settings_of(loader: Any) -> LoaderSettings:
         resume=getattr(loader, "resume_tracker", None),
         worker_threads=getattr(loader, "worker_threads", 1),
         latest_stats=getattr(loader, "_latest_stats", None),
+        block_keeper=getattr(loader, "_block_keeper", None),
     )

@@ -102,7 +102,7 @@ class WorkerGroup:
 
     def __init__(self, template: WorkerSpec, context: Any, num_workers: int,
                  restores: list[WorkerRestore | None] | None = None,
-                 timeout: float = 0.0) -> None:
+                 timeout: float = 0.0, handed: list[tuple[Any, ...]] | None = None) -> None:
         self.context = context
         # How long starting a worker through the zygote may wait for it: the loader's timeout=,
         # or the zygote's own bound.
@@ -124,6 +124,9 @@ class WorkerGroup:
         self.template = template
         # A resumed worker's starting state (DataLoader.load_state_dict), per worker id.
         self.restores: list[WorkerRestore | None] = restores or [None] * num_workers
+        # Shared-memory blocks the channel kept for each worker id's next process (its spec
+        # carries them once: mploader.channel.shm.handover).
+        self.handed: list[tuple[Any, ...]] = handed or [()] * num_workers
         # Forked workers start together once all are forked (mploader.worker.start_gate).
         self._start_gate = StartGate() if self.forking and num_workers > 1 else None
         self._prepared = [self._prepare(worker_id, template.epoch)
@@ -192,6 +195,7 @@ class WorkerGroup:
             epoch=epoch,
             inherited_fds_to_close=inherited_fds.main_side_fds() if self.forking else (),
             restore=self.restores[worker_id],
+            handed_blocks=self.handed[worker_id],
             start_gate=(self._start_gate.ends_for(worker_id)
                         if self._start_gate is not None else None),
         )
@@ -221,14 +225,15 @@ class WorkerGroup:
         self.waiter.watch_readable(handle.sentinel)
         _log.debug("started worker %d (pid %s)", handle.worker_id, handle.pid)
 
-    def restart(self, worker_id: int, epoch: int,
-                restore: WorkerRestore | None = None) -> WorkerHandle:
+    def restart(self, worker_id: int, epoch: int, restore: WorkerRestore | None = None,
+                handed: tuple[Any, ...] = ()) -> WorkerHandle:
         """Replace a dead worker by a new process with the same id (and seed), in the
         iterator's ``epoch``, started from ``restore`` (its generators as of its last result)
         when the loader tracks state."""
         old = self.handles[worker_id]
         self._forget(old)
         self.restores[worker_id] = restore
+        self.handed[worker_id] = handed
         handle, ends = self._prepare(worker_id, epoch)
         self.handles[worker_id] = handle
         self._launch(handle, ends)

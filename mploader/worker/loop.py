@@ -107,7 +107,7 @@ class WorkerLoop:
         self.tasks_or_fetches: Poller | None = None
         self.channel: WorkerEnd = open_worker_end(
             spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
-            spec.in_flight_per_worker,
+            spec.in_flight_per_worker, spec.handed_blocks,
         )
         self.replies = ReplySender(results)
         self.released: list[tuple[int, int]] = []

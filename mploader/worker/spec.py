@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mploader.config import SharedMemoryConfig
 from mploader.worker.fetch import FetchSettings
@@ -43,3 +44,6 @@ class WorkerSpec:
     # Forked with the rest of its group: the group's start gate, which the worker closes (and
     # waits on first, but for the first worker) before it starts (mploader.worker.start_gate).
     start_gate: GateEnds | None = None
+    # Free shared-memory blocks an earlier worker of the loader filled, kept by the main process
+    # for this one (mploader.channel.shm.handover.HandedBlock).
+    handed_blocks: tuple[Any, ...] = ()

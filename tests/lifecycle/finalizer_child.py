@@ -30,9 +30,9 @@ from typing import Any
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN_PID = os.getpid()
-# More iterators than points with a lock held that one loader's life calls into (112 under fork,
-# 123 under spawn and forkserver): a run that used them all would not have probed every point.
-RESERVE = 150
+# More iterators than points with a lock held that one loader's life calls into (133 under fork,
+# 145 under spawn): a run that used them all would not have probed every point.
+RESERVE = 180
 # At exit: the points of the remaining shutdowns (about 40).
 RESERVE_AT_EXIT = 60
 _held = threading.local()  # .depth: how many mploader locks this thread holds

@@ -1,10 +1,13 @@
 """One shared-memory block: create (worker), open (main), map, and unmap when unused.
 
-We map with libc's ``mmap`` through ctypes rather than Python's ``mmap`` module because the
-module keeps a duplicate file descriptor open for every mapping (until Python 3.13's
-``trackfd=False``); with dozens of blocks per worker, a main process would hold hundreds of
-descriptors. Here the descriptor is closed right after mapping, and the memory stays mapped until
-the :class:`Mapping` object and every numpy array built on it are gone.
+We map with libc's ``mmap`` through ctypes rather than Python's ``mmap`` module, which keeps a
+duplicate file descriptor open for every mapping (until Python 3.13's ``trackfd=False``).  A
+worker closes its descriptor right after mapping.  The main process keeps one per block it maps
+(:func:`open_block`): the block's name is unlinked once both sides map it, and the descriptor is
+what lets the main process hand the block to the next generation of workers (a new epoch without
+persistent workers, a restarted worker; ``mploader.channel.shm.handover``).  The memory stays
+mapped, and the descriptor open, until the :class:`Mapping` object and every numpy array built on
+it are gone.
 
 Blocks are reserved with ``posix_fallocate`` so that a full tmpfs fails at creation with ENOSPC
 (turned into :class:`SharedMemoryFullError`) and never later with SIGBUS while writing.
@@ -63,15 +66,16 @@ class Mapping:
     the last such array and the last Python reference are gone, a finalizer unmaps the memory.
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "address", "size")
+    __slots__ = ("__array_interface__", "__weakref__", "address", "descriptor", "size")
 
-    def __init__(self, address: int, size: int) -> None:
+    def __init__(self, address: int, size: int, descriptor: int = -1) -> None:
         self.address = address
         self.size = size
+        self.descriptor = descriptor  # -1: none kept
         self.__array_interface__ = {
             "shape": (size,), "typestr": "|u1", "data": (address, False), "version": 3,
         }
-        finalizer = weakref.finalize(self, _libc.munmap, address, size)
+        finalizer = weakref.finalize(self, _unmap, address, size, descriptor)
         finalizer.atexit = False  # the process's exit unmaps everything anyway
 
     def array(self) -> np.ndarray:
@@ -108,8 +112,30 @@ def create_block(name: str, size: int) -> Mapping:
     return mapping
 
 
+def _unmap(address: int, size: int, descriptor: int) -> None:
+    _libc.munmap(address, size)
+    if descriptor >= 0:
+        os.close(descriptor)
+
+
+def populate(mapping: Mapping) -> None:
+    """Fault in the page tables of a mapping this process inherited (a forked worker's view of a
+    handed block): one call instead of a fault per page at the first copy.  Best effort."""
+    _libc.madvise(mapping.address, mapping.size, _MADV_POPULATE_WRITE)
+
+
+def map_descriptor(descriptor: int, size: int) -> Mapping:
+    """Map the block open on ``descriptor`` (handed over by the main process), page tables filled
+    at once, and close the descriptor."""
+    try:
+        return _map(descriptor, size, populate=True)
+    finally:
+        os.close(descriptor)
+
+
 def open_block(name: str, size: int) -> Mapping:
-    """Map an existing block created by a worker (the main process's side)."""
+    """Map an existing block created by a worker (the main process's side), keeping its
+    descriptor, so that the block can be handed to another worker once its name is gone."""
     try:
         descriptor = os.open(block_path(name), os.O_RDWR)
     except FileNotFoundError as error:
@@ -120,16 +146,18 @@ def open_block(name: str, size: int) -> Mapping:
         ) from error
     try:
         # MAP_POPULATE: fault the whole block in now, once; it is reused for many batches.
-        return _map(descriptor, size, populate=True)
-    finally:
+        return _map(descriptor, size, populate=True, keep_descriptor=True)
+    except BaseException:
         os.close(descriptor)
+        raise
 
 
-def _map(descriptor: int, size: int, populate: bool) -> Mapping:
+def _map(descriptor: int, size: int, populate: bool, keep_descriptor: bool = False) -> Mapping:
+    """Map ``descriptor``; with ``keep_descriptor`` the mapping owns it (closed when unmapped)."""
     flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
     address = _libc.mmap(None, size, _PROTECTION, flags, descriptor, 0)
     if address is None or address == _MAP_FAILED:
         code = ctypes.get_errno()
         reason = os.strerror(code)
         raise OSError(code, f"mmap of a {size}-byte shared-memory block failed: {reason}")
-    return Mapping(address, size)
+    return Mapping(address, size, descriptor if keep_descriptor else -1)

@@ -19,6 +19,7 @@ sends them down the worker's task pipe; this module never calls the layer above.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -35,6 +36,7 @@ from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.copier import Copier, copy_threads
 from mploader.channel.shm.errors import BlockVanishedError
+from mploader.channel.shm.handover import BlockKeeper, HandedBlock, KeptBlock, new_handed_id
 from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
 from mploader.channel.shm.names import (
     block_name,
@@ -55,7 +57,8 @@ class WorkerChannel:
 
     The worker loop passes on the releases it reads from its task pipe (:meth:`release`,
     :meth:`retire`); applying one twice is harmless.  ``pipeline_depth``: at most this many of
-    the worker's batches are in flight at once (the loader's prefetch factor).
+    the worker's batches are in flight at once (the loader's prefetch factor).  ``handed``: free
+    blocks an earlier worker of the loader filled, which the pool starts with.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class WorkerChannel:
         num_workers: int,
         loader_tag: str,
         pipeline_depth: int = 2,
+        handed: Sequence[HandedBlock] = (),
     ) -> None:
         check_loader_tag(loader_tag)
         self.worker_id = worker_id
@@ -72,9 +76,14 @@ class WorkerChannel:
         self._loader_tag = loader_tag
         self._worker_pid = os.getpid()
         self._lock = LoaderLock(loader_tag, create=False)
+        # Held by whichever thread lets go of the loader's lock and, if it was the last of the
+        # loader, removes the leftovers: the loop closing and the watchdog abandoning may do it
+        # at once, and the one that returns second must find the cleanup done (the process
+        # exits right after; a daemon thread's cleanup dies with it).
+        self._letting_go = threading.Lock()
         budget = config.effective_budget_bytes() // max(num_workers, 1)
         self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
-                               pipeline_depth)
+                               pipeline_depth, handed)
         self._copier = Copier(copy_threads(num_workers))
         # (block_id, generation) of payloads whose finish() failed, maybe on another thread: a
         # deque's append and popleft are atomic, so the pool is only ever touched by its owner.
@@ -161,10 +170,13 @@ class WorkerChannel:
         self._let_go()
 
     def _let_go(self) -> None:
-        self._lock.release()
-        claim = claim_if_abandoned(self._loader_tag)
-        if isinstance(claim, Claim):  # nobody else of the loader is left: clean up after it
-            remove_loader_leftovers(self._loader_tag, claim)
+        with self._letting_go:
+            if not self._lock.held:
+                return  # let go already, and cleaned up if it was the last (the other thread)
+            self._lock.release()
+            claim = claim_if_abandoned(self._loader_tag)
+            if isinstance(claim, Claim):  # nobody else of the loader is left: clean up
+                remove_loader_leftovers(self._loader_tag, claim)
 
     def __enter__(self) -> WorkerChannel:
         return self
@@ -277,6 +289,7 @@ class _ReleaseRoute:
         self._finished: deque[None] = deque()  # one entry per release not yet counted
         self.live: set[tuple[int, int, int]] = set()  # (worker pid, block id, generation)
         self.inherited: set[tuple[int, int, int]] = set()  # live at a fork
+        self.retiring: set[tuple[int, int]] = set()  # (worker pid, block id): never kept
         _routes.add(self)
 
     def leased(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
@@ -306,6 +319,8 @@ class _ReleaseRoute:
         # taken a view of a lease whose last view is gone.
         inherited = key in self.inherited
         self.inherited.discard(key)
+        if inherited:
+            self.retiring.add((incarnation.worker_pid, block_id))
         self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation,
                                               retire=inherited))
 
@@ -359,11 +374,28 @@ class _Lease:
 
 
 class MainChannel:
-    """The main process's end: decodes payloads into zero-copy batches, one per iterator."""
+    """The main process's end: decodes payloads into zero-copy batches, one per iterator.
 
-    def __init__(self, config: SharedMemoryConfig, loader_tag: str) -> None:
+    With the loader's ``keeper``, the blocks outlive the workers that filled them
+    (``mploader.channel.shm.handover``): the channel starts with the blocks the keeper kept from
+    the loader's previous iterator, hands each worker (and a worker's replacement) the free
+    blocks of that worker id (:meth:`handed_blocks`, for its spec), and gives the keeper the free
+    blocks when it closes.
+    """
+
+    def __init__(self, config: SharedMemoryConfig, loader_tag: str,
+                 keeper: BlockKeeper | None = None) -> None:
         check_loader_tag(loader_tag)
         self._loader_tag = loader_tag
+        self._budget_bytes = config.effective_budget_bytes()
+        self._keeper = keeper
+        # Free blocks of ended workers (and the keeper's), by worker id, for that id's next
+        # process; and those handed to a process not heard from yet, seeded into its incarnation.
+        self._spare: dict[int, list[KeptBlock]] = keeper.take() if keeper is not None else {}
+        self._handed: dict[int, dict[int, Mapping]] = {}
+        # When each block last carried a batch (a lease) in this channel: what close() keeps.
+        self._use_clock = itertools.count(1)
+        self._last_used: weakref.WeakKeyDictionary[Mapping, int] = weakref.WeakKeyDictionary()
         self._lock = LoaderLock(loader_tag, create=True)  # "alive", for every sweeper
         self._route = _ReleaseRoute()
         self._workers: dict[int, _WorkerIncarnation] = {}
@@ -379,6 +411,20 @@ class MainChannel:
         """The blocks whose last view died since the last call, for their workers to reuse
         (or, ``retire``, to drop)."""
         return self._route.take()
+
+    def handed_blocks(self, worker_id: int) -> tuple[HandedBlock, ...]:
+        """The free blocks kept for ``worker_id``, for the spec of its next process (a new
+        generation's, or a dead one's replacement).  Call it just before starting that process."""
+        with self._route.lock:
+            spare = self._spare.pop(worker_id, [])
+            handed = self._handed.setdefault(worker_id, {})
+            blocks = []
+            for kept in spare:
+                block_id = new_handed_id()
+                handed[block_id] = kept.mapping
+                blocks.append(HandedBlock(block_id, kept.mapping.size, kept.mapping,
+                                          kept.mapping.descriptor))
+            return tuple(blocks)
 
     def decode(self, worker_id: int, payload: bytes) -> Any:
         """The batch in ``payload``; its block leaves are views on the (cached) mapped block."""
@@ -429,9 +475,13 @@ class MainChannel:
             if incarnation is not None:
                 self._ended_pids.add(incarnation.worker_pid)
                 kept = self._retain(incarnation, undelivered)
+                self._spare_free_blocks(incarnation, kept)
                 incarnation.mappings = kept
                 if kept:
                     self._departed[incarnation.worker_pid] = incarnation
+            # Handed to a process that ended before it sent anything: free still.
+            self._spare.setdefault(worker_id, []).extend(
+                KeptBlock(mapping, 0) for mapping in self._handed.pop(worker_id, {}).values())
         unlink_loader_names(self._loader_tag, worker_id, worker_pid)
 
     def statistics(self) -> ChannelStatistics:
@@ -463,11 +513,14 @@ class MainChannel:
         self._closed = True
         with self._route.lock:
             self._route.open = False
+            for incarnation in self._workers.values():
+                self._spare_free_blocks(incarnation, {})
             for incarnation in [*self._workers.values(), *self._departed.values()]:
                 incarnation.alive = False
                 incarnation.mappings.clear()
             self._workers.clear()
             self._departed.clear()
+            self._keep_spare_blocks()
         unlink_loader_names(self._loader_tag)
         self._lock.release(remove=True)
 
@@ -476,6 +529,36 @@ class MainChannel:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # -- blocks that outlive their worker -----------------------------------------------------
+
+    def _spare_free_blocks(self, incarnation: _WorkerIncarnation,
+                           retained: dict[int, Mapping]) -> None:
+        """An ended worker's blocks that no batch holds (no lease, none retained for a result
+        still to decode, none a forked child may read) become spare for its id: its
+        replacement's, or (through the keeper) the next generation's."""
+        pid = incarnation.worker_pid
+        busy = {block_id for worker_pid, block_id, _ in self._route.live if worker_pid == pid}
+        busy |= {block_id for worker_pid, block_id in self._route.retiring if worker_pid == pid}
+        spare = self._spare.setdefault(incarnation.worker_id, [])
+        for block_id, mapping in incarnation.mappings.items():
+            if block_id not in busy and block_id not in retained:
+                spare.append(KeptBlock(mapping, self._last_used.get(mapping, 0)))
+
+    def _keep_spare_blocks(self) -> None:
+        """Closing: the spare blocks that carried a batch here go to the loader's keeper."""
+        if self._keeper is None:
+            self._spare.clear()
+            self._handed.clear()
+            return
+        carried = {
+            worker_id: [KeptBlock(kept.mapping, self._last_used[kept.mapping])
+                        for kept in kept_list if kept.mapping in self._last_used]
+            for worker_id, kept_list in self._spare.items()
+        }
+        self._keeper.keep(carried, self._budget_bytes)
+        self._spare.clear()
+        self._handed.clear()
 
     # -- steps of decode ---------------------------------------------------------------------
 
@@ -501,6 +584,7 @@ class MainChannel:
             if incarnation is not None:  # replaced without forget_worker: same effect
                 incarnation.alive = False
             incarnation = self._workers[worker_id] = _WorkerIncarnation(worker_id, worker_pid)
+            incarnation.mappings.update(self._handed.pop(worker_id, {}))
         for block_id in retired:
             incarnation.mappings.pop(block_id, None)
         self._reported[worker_id] = statistics
@@ -530,6 +614,7 @@ class MainChannel:
                 f"and this result was not among those forget_worker() was told to keep"
             )
         lease = _Lease(mapping, used_bytes)
+        self._last_used[mapping] = next(self._use_clock)
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False

@@ -20,6 +20,7 @@ import itertools
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from mploader.channel.shm.errors import (
     SharedMemoryError,
     SharedMemoryFullError,
 )
+from mploader.channel.shm.handover import HandedBlock
 from mploader.channel.shm.names import block_name, unlink_loader_names, unlink_quietly
 
 _PAGE = 4096
@@ -37,6 +39,11 @@ _PAGE = 4096
 # A free block up to this many times the size class a batch needs is reused rather than creating
 # a new block while under budget; larger ones would waste memory for the batch's lifetime.
 _REUSE_OVERSIZE_FACTOR = 2
+
+def _unlink_name(block: Block) -> None:
+    if block.name:  # a handed block has none left
+        unlink_quietly(block.name)
+
 
 def size_class(nbytes: int, min_block_bytes: int) -> int:
     """Round ``nbytes`` up to a size class: ``min_block_bytes`` or 1.25, 1.5, 1.75, 2 x 2**k.
@@ -76,6 +83,7 @@ class BlockPool:
         budget_bytes: int,
         min_block_bytes: int,
         pipeline_depth: int,
+        handed: Sequence[HandedBlock] = (),
     ) -> None:
         self.worker_id = worker_id
         self._pipeline_depth = pipeline_depth
@@ -99,6 +107,9 @@ class BlockPool:
         self.reuse_misses = 0
         self.evictions = 0
         self.stale_releases = 0
+        self.handed_blocks = 0  # blocks a previous worker filled, handed to this one
+        for handed_block in handed:
+            self._adopt(handed_block)
 
     # -- the two operations the channel needs ----------------------------------------------
 
@@ -144,7 +155,7 @@ class BlockPool:
             self.stale_releases += 1
             return
         del self._blocks[block_id]
-        unlink_quietly(block.name)
+        _unlink_name(block)
         self.bytes -= block.size
         self.evictions += 1
         self._retired.append(block_id)
@@ -158,7 +169,7 @@ class BlockPool:
     def close(self) -> None:
         """Unlink every name this pool still has (the main process may have done it) and unmap."""
         for block in self._blocks.values():
-            unlink_quietly(block.name)
+            _unlink_name(block)
         self._blocks.clear()
         self.bytes = 0
 
@@ -177,6 +188,15 @@ class BlockPool:
     @property
     def blocks_in_use(self) -> int:
         return sum(block.in_use for block in self._blocks.values())
+
+    def _adopt(self, handed: HandedBlock) -> None:
+        """A free block of an earlier worker of the loader: it has no name (the main process
+        holds it by descriptor), so there is nothing to unlink when it is evicted."""
+        mapping = handed.map_in_worker()
+        self._blocks[handed.block_id] = Block(handed.block_id, "", handed.size, mapping,
+                                              mapping.array())
+        self.bytes += handed.size
+        self.handed_blocks += 1
 
     # -- the steps of acquire ---------------------------------------------------------------
 
@@ -254,7 +274,7 @@ class BlockPool:
             if self.bytes <= target_bytes:
                 break
             del self._blocks[block.block_id]
-            unlink_quietly(block.name)
+            _unlink_name(block)
             self.bytes -= block.size
             self.evictions += 1
             self._retired.append(block.block_id)

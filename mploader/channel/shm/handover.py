@@ -1,0 +1,125 @@
+"""Blocks that outlive their worker: kept by the main process, handed to the next one.
+
+A block's name lives only until both sides map it; afterwards the main process holds the block by
+its mapping and a descriptor (``mploader.channel.shm.block.open_block``).  When a generation of
+workers ends (an epoch without persistent workers, a loader shut down) or one worker dies and is
+replaced, the main process keeps the blocks no batch holds and hands them to the new workers,
+which fill them again instead of creating, faulting in and mapping new ones:
+
+* :class:`BlockKeeper` is the loader's: it holds the free blocks between two iterators (two
+  epochs without persistent workers), within the shared-memory budget, and lets them go with
+  the loader.
+* :class:`HandedBlock` is one block on its way to a worker, inside the worker's spec.  Under fork
+  the worker finds the main process's own mapping in its copy of memory (and fills its page
+  tables in one call); for spawn and forkserver the spec is pickled, and the block travels as a
+  descriptor handed to the child being started (``mploader.compat.cpython``), mapped there.
+
+What is kept (the policy): a free block that carried a batch in the generation that ended, up to
+the budget, most recently used first.  A block that carried none (batches got smaller, or fewer
+workers ran) is let go, so a loader whose batches shrink gives memory back within one epoch.  A
+block a batch still holds (the consumer kept it across the epoch boundary), or that a forked
+child of the main process may read, is never kept: it is unmapped when its last view goes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from mploader.channel.shm import block as shm_block
+from mploader.channel.shm.block import Mapping
+from mploader.compat import cpython
+
+# Block ids of handed blocks: this bit, never set in a worker's own ids (``pid << 32 | seq``,
+# pids below 2**30), and a counter of this process.
+HANDED_ID_BIT = 1 << 62
+_handed_ids = itertools.count()
+
+
+def new_handed_id() -> int:
+    return HANDED_ID_BIT | next(_handed_ids)
+
+
+class HandedBlock:
+    """A kept block on its way to a worker (a field of its spec)."""
+
+    __slots__ = ("block_id", "descriptor", "mapping", "size")
+
+    def __init__(self, block_id: int, size: int, mapping: Mapping | None, descriptor: int) -> None:
+        self.block_id = block_id
+        self.size = size
+        self.mapping = mapping  # the main process's (under fork, inherited with the memory)
+        self.descriptor = descriptor
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled for a spawned or forkserver worker: the descriptor travels, not the mapping."""
+        return (_arrived, (self.block_id, self.size,
+                           cpython.descriptor_for_child(self.descriptor)))
+
+    def map_in_worker(self) -> Mapping:
+        """The block mapped in this worker, its page tables filled."""
+        if self.mapping is not None:  # forked: the main process's mapping, in our copy of memory
+            shm_block.populate(self.mapping)
+            return self.mapping
+        return shm_block.map_descriptor(self.descriptor, self.size)
+
+
+def _arrived(block_id: int, size: int, descriptor: Any) -> HandedBlock:
+    return HandedBlock(block_id, size, None, descriptor.detach())
+
+
+@dataclass
+class KeptBlock:
+    """A free block between two workers, and when it last carried a batch."""
+
+    mapping: Mapping
+    last_used: int
+
+
+class BlockKeeper:
+    """The loader's free blocks between two iterators, by worker id, within a budget.
+
+    Safe from any thread (an iterator's shutdown runs on the finalizer thread).  ``close`` lets
+    every block go (the loader is gone); so does collecting the keeper.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[int, list[KeptBlock]] = {}
+        self._pid = os.getpid()
+
+    def keep(self, blocks: dict[int, list[KeptBlock]], budget_bytes: int) -> None:
+        """Keep ``blocks`` (by worker id) instead of what was kept before, the most recently
+        used first, up to ``budget_bytes`` in all."""
+        if os.getpid() != self._pid:
+            return  # a forked child's copy of the loader: the blocks are not its own
+        ranked = sorted(((worker_id, kept) for worker_id, kept_list in blocks.items()
+                         for kept in kept_list), key=lambda pair: -pair[1].last_used)
+        chosen: dict[int, list[KeptBlock]] = {}
+        total = 0
+        for worker_id, kept in ranked:
+            if total + kept.mapping.size > budget_bytes:
+                continue
+            total += kept.mapping.size
+            chosen.setdefault(worker_id, []).append(kept)
+        with self._lock:
+            self._blocks = chosen
+
+    def take(self) -> dict[int, list[KeptBlock]]:
+        """Every kept block, by worker id; the keeper holds none afterwards."""
+        with self._lock:
+            taken, self._blocks = self._blocks, {}
+        return taken if os.getpid() == self._pid else {}
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(kept.mapping.size for kept_list in self._blocks.values()
+                       for kept in kept_list)
+
+    def close(self) -> None:
+        with self._lock:
+            self._blocks = {}
