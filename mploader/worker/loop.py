@@ -186,9 +186,12 @@ class WorkerLoop:
     def finish(self) -> None:
         # Fetch threads first: each closes its own session while the hooks are still active.
         # Replies still being copied are written before the blocks they copy into are closed.
+        # Ended by the main process's death (its task pipe hung up), the channel is abandoned:
+        # its names removed, and the loader's leftovers if this worker is the last of it.
         close_threads = self.fetch_threads.close if self.fetch_threads else None
+        abandon = None if self.watchdog.parent_alive() else self.channel.abandon
         steps = (close_threads, self.replies.close, deactivate_hooks, close_process_locals,
-                 self.channel.close)
+                 abandon, self.channel.close)
         for step in steps:
             if step is None:
                 continue

@@ -44,3 +44,19 @@ def test_close_returns_once_a_concurrent_abandon_has_cleaned_up(
     main.close()
     assert left == [], f"close() returned before the cleanup was done: {left}"
     assert not os.path.exists(f"/dev/shm/mploader-{tag}-lock")
+
+
+def test_the_last_worker_cleans_up_after_a_main_process_that_lets_go_late() -> None:
+    """A SIGKILLed main process's lock may go a moment after its pipes (whose hang-up wakes the
+    workers): the last worker out, abandoning, waits for it and removes what is left."""
+    config = SharedMemoryConfig()
+    tag = new_loader_tag()
+    main = MainChannel(config, tag)
+    worker = WorkerChannel(config, 0, 1, tag)
+    exiting = threading.Timer(0.05, main._lock.release)  # the dying main process's last close
+    exiting.start()
+    worker.abandon()  # woken by the hang-up, while the main process still holds its lock
+    exiting.join()
+    left = [name for name in list_names() if name.startswith(f"mploader-{tag}")]
+    main.close()
+    assert left == [], f"the last worker out left the loader's entries: {left}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -50,6 +51,13 @@ from mploader.channel.shm.stats import ChannelStatistics, PoolStatistics
 from mploader.config import SharedMemoryConfig
 
 _SEQUENCE_MASK = (1 << 32) - 1  # block_id = worker_pid << 32 | sequence
+# A SIGKILLed main process closes its files in its exit, and the kernel may release the pipes,
+# whose hang-up wakes the workers, before the loader's lock: workers that wake and let go at
+# once would each find the lock held and leave the cleanup to nobody.  A worker whose main
+# process is gone tries its claim again this long (it is exiting anyway; the lock goes within
+# microseconds of the pipes, or another process of the loader really lives on).
+_DYING_MAIN_SECONDS = 0.25
+_CLAIM_RETRY_SECONDS = 0.005
 
 
 class WorkerChannel:
@@ -167,16 +175,24 @@ class WorkerChannel:
         the middle of a batch): unlink every name of this worker, the block being written
         included, and refuse new blocks; the process is about to exit. Idempotent."""
         self._pool.abandon()
-        self._let_go()
+        self._let_go(main_gone=True)
 
-    def _let_go(self) -> None:
+    def _let_go(self, main_gone: bool = False) -> None:
+        """Let go of the loader's lock; if this was the last process holding it, remove what
+        the loader left.  ``main_gone``: the main process died, and may not have let go yet."""
         with self._letting_go:
             if not self._lock.held:
                 return  # let go already, and cleaned up if it was the last (the other thread)
             self._lock.release()
-            claim = claim_if_abandoned(self._loader_tag)
-            if isinstance(claim, Claim):  # nobody else of the loader is left: clean up
-                remove_loader_leftovers(self._loader_tag, claim)
+            deadline = time.monotonic() + (_DYING_MAIN_SECONDS if main_gone else 0.0)
+            while True:
+                claim = claim_if_abandoned(self._loader_tag)
+                if isinstance(claim, Claim):  # nobody else of the loader is left: clean up
+                    remove_loader_leftovers(self._loader_tag, claim)
+                    return
+                if claim is not None or time.monotonic() >= deadline:
+                    return  # no lock file to decide by; or another process of it lives on
+                time.sleep(_CLAIM_RETRY_SECONDS)
 
     def __enter__(self) -> WorkerChannel:
         return self
