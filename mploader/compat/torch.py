@@ -153,24 +153,11 @@ def _pin_memory_2_9(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, 
             f"ignore pin_memory_device='{pin_device}'.",
             stacklevel=stacklevel,
         )
-    available = torch.accelerator.is_available()
-    if pin and not available:
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=stacklevel,
-        )
-    pin = pin and available
-    accelerator = torch.accelerator.current_accelerator() if pin else None
-    device = accelerator.type if accelerator is not None else None
+    device = _current_accelerator(pin, stacklevel + 1)
     if device == "mps":
-        warnings.warn(
-            "'pin_memory' argument is set as true but not supported on MPS now, "
-            "device pinned memory won't be used.",
-            stacklevel=stacklevel,
-        )
+        _warn_mps("device pinned memory won't be used.", stacklevel)
         return False, None
-    return pin, device
+    return device is not None, device
 
 
 def _pin_memory_2_7(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
@@ -184,23 +171,33 @@ def _pin_memory_2_7(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, 
                 stacklevel=stacklevel,
             )
         return pin, pin_device
-    available = torch.accelerator.is_available()
-    if pin and not available:
+    device = _current_accelerator(pin, stacklevel + 1)
+    if device == "mps":
+        _warn_mps("then device pinned memory won't be used.", stacklevel)
+        return False, None
+    return device is not None, None
+
+
+def _current_accelerator(pin: bool, stacklevel: int) -> str | None:
+    """2.7 and later: the current accelerator's type when pinning, warning when there is none;
+    None when not pinning."""
+    if not pin:
+        return None
+    if not torch.accelerator.is_available():
         warnings.warn(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used.",
             stacklevel=stacklevel,
         )
-    pin = pin and available
-    accelerator = torch.accelerator.current_accelerator() if pin else None
-    if accelerator is not None and accelerator.type == "mps":
-        warnings.warn(
-            "'pin_memory' argument is set as true but not supported on MPS now, "
-            "then device pinned memory won't be used.",
-            stacklevel=stacklevel,
-        )
-        return False, None
-    return pin, None
+        return None
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator.type if accelerator is not None else None
+
+
+def _warn_mps(consequence: str, stacklevel: int) -> None:
+    """pinning is refused on MPS (2.7 and later; 2.9 reworded the consequence)."""
+    warnings.warn(f"'pin_memory' argument is set as true but not supported on MPS now, "
+                  f"{consequence}", stacklevel=stacklevel + 1)
 
 
 def _pin_memory_2_6(pin: bool, pin_device: str, stacklevel: int) -> tuple[bool, str | None]:
