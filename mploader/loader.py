@@ -149,9 +149,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a :meth:`state_dict` at the next ``iter()``.  A state made by another
         version, or by a loader built with other arguments, is a ``ValueError`` naming the
-        difference.  ``{}`` loads nothing."""
+        difference, as is a truncated or edited one; anything but a dict is a ``TypeError``.  A
+        refused state loads nothing.  ``{}`` loads nothing."""
         tracker = self._tracker_or_raise("load_state_dict")
-        if state_dict == {}:
+        if isinstance(state_dict, dict) and not state_dict:
             return
         tracker.configure(self)
         tracker.load_state_dict(state_dict)
@@ -227,7 +228,9 @@ def _check_additions(
             "worker_hooks option should be a mploader.WorkerHooks instance, but got "
             f"worker_hooks={worker_hooks!r}"
         )
-    if not isinstance(max_worker_restarts, int) or max_worker_restarts < 0:
+    if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, int) or (
+        max_worker_restarts < 0
+    ):
         raise ValueError(
             "max_worker_restarts option should be a non-negative integer, but got "
             f"max_worker_restarts={max_worker_restarts!r}"

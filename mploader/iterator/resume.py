@@ -27,6 +27,7 @@ The state itself is a plain dict (``mploader.iterator.resume_format``).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 from collections import deque
@@ -246,6 +247,18 @@ class ResumeTracker:
                 f"load_state_dict: the state's sampler drew from {len(plan.generators)} "
                 f"torch.Generator(s), this loader's from {len(self.generators)}; build the "
                 "loader with the same generator and sampler"
+            )
+        for generator, saved in zip(self.generators, plan.generators, strict=True):
+            size, saved_size = generator.get_state().numel(), len(base64.b64decode(saved))
+            if saved_size != size:
+                raise ValueError(
+                    f"load_state_dict: a generator state of the state's is {saved_size} bytes, "
+                    f"this loader's generator's {size}; the state was edited"
+                )
+        if plan.workers and len(plan.workers) != self.slots:
+            raise ValueError(
+                f"load_state_dict: the state has {len(plan.workers)} worker entries for "
+                f"{self.slots} workers; the state was edited"
             )
         self._pending_position = copy.deepcopy(position)
         self._pending = plan

@@ -10,8 +10,9 @@ it goes through ``json.dumps`` as well as pickle, ``torch.save`` and
      "arguments": {...},      # what a loader that loads it must have been built with
      "position": {...}}       # see mploader.iterator.resume: in an epoch, or between two
 
-``load_state_dict`` refuses a state of another format or version, and one whose arguments differ
-from the loader's, naming every difference.
+``load_state_dict`` refuses a state of another format or version, one whose arguments differ
+from the loader's, naming every difference, and one truncated or edited
+(``mploader.iterator.resume_shape``), naming the key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from mploader.iterator.resume_shape import check_position, check_shape
 from mploader.worker.resume import WorkerSnapshot
 from mploader.worker.rng import RngState
 
@@ -54,13 +56,17 @@ def loader_arguments(loader: Any) -> dict[str, Any]:
 
 def check_loadable(state: Any, arguments: dict[str, Any]) -> None:
     """Raise a ``ValueError`` naming why ``state`` cannot be loaded by a loader with
-    ``arguments``; return if it can."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    ``arguments`` (a ``TypeError`` when it is no dict); return if it can."""
+    if not isinstance(state, dict):
+        raise TypeError(
+            "load_state_dict: a state is a dict made by mploader.DataLoader.state_dict(), got "
+            f"{type(state).__name__}"
+        )
+    if state.get("format") != STATE_FORMAT:
         raise ValueError(
             f"load_state_dict: not a state made by mploader.DataLoader.state_dict() (its "
-            f"'format' is {found!r}, expected {STATE_FORMAT!r}); a torchdata StatefulDataLoader "
-            "state has another layout and cannot be loaded"
+            f"'format' is {state.get('format')!r}, expected {STATE_FORMAT!r}); a torchdata "
+            "StatefulDataLoader state has another layout and cannot be loaded"
         )
     version = state.get("version")
     if version != STATE_VERSION:
@@ -68,7 +74,8 @@ def check_loadable(state: Any, arguments: dict[str, Any]) -> None:
             f"load_state_dict: this state has version {version!r}, but this mploader reads "
             f"version {STATE_VERSION}; load it with the mploader version that made it"
         )
-    saved = state.get("arguments", {})
+    check_shape(state, {"arguments": dict, "position": dict}, "state")
+    saved = state["arguments"]
     differences = [
         f"{name}: the state's loader had {saved.get(name)!r}, this one has {value!r}"
         for name, value in arguments.items()
@@ -81,6 +88,7 @@ def check_loadable(state: Any, arguments: dict[str, Any]) -> None:
             + "). Build the loader with the same dataset, sampler, batch_size, drop_last, "
             "num_workers, persistent_workers and in_order as the one that made the state."
         )
+    check_position(state["position"])
 
 
 def check_plain(value: Any, where: str = "state") -> None:
