@@ -217,9 +217,9 @@ def saved_state() -> dict[str, Any]:
 def torchdata_state() -> dict[str, Any]:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    source = StatefulDataLoader(Items(), batch_size=BATCH_SIZE, num_workers=0)
     with warnings.catch_warnings():  # torchdata 0.11 on torch 2.13: "'set_vital' is deprecated"
         warnings.simplefilter("ignore", UserWarning)
+        source = StatefulDataLoader(Items(), batch_size=BATCH_SIZE, num_workers=0)
         iterator = iter(source)
     next(iterator)
     return source.state_dict()
