@@ -36,6 +36,9 @@ from mploader.worker.item_random import item_generator
 # use, so that ``import mploader`` does not load the integration.
 _NEBULA_ERRORS = ("NebulaAuthError", "NebulaConnectionError", "NebulaError", "NebulaQueryError",
                   "NebulaSessionLimitError", "NebulaSessionLostError")
+# Likewise the PyG stores' refusals (their package needs torch_geometric).
+_PYG_ERRORS = ("NodeIndexError", "SchemaConflictError", "StoreInputError", "UnknownNameError",
+               "WriteDtypeError", "WriteShapeError")
 
 __all__ = [
     "BatchTooLargeError",
@@ -44,6 +47,7 @@ __all__ = [
     "LoaderStats",
     "MploaderError",
     *_NEBULA_ERRORS,
+    *_PYG_ERRORS,
     "PoisonTaskError",
     "ProcessLocal",
     "RemoteTraceback",
@@ -74,5 +78,9 @@ def __getattr__(name: str) -> object:
         from mploader.integrations.nebula import errors
 
         return getattr(errors, name)
+    if name in _PYG_ERRORS:
+        from mploader.integrations.nebula.pyg import errors as pyg_errors
+
+        return getattr(pyg_errors, name)
     raise AttributeError(f"module 'mploader' has no attribute {name!r}")
 

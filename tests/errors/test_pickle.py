@@ -130,7 +130,26 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "mploader.process.zygote._Gone": lambda: _private("mploader.process.zygote._Gone")(
         "the zygote ended"
     ),
+    # The PyG stores' and sampler's refusals (mploader.integrations.nebula.pyg.errors).
+    "mploader.integrations.nebula.pyg.errors.StoreInputError": lambda: _pyg_error(
+        "StoreInputError")("a refused argument; nothing was written"),
+    "mploader.integrations.nebula.pyg.errors.UnknownNameError": lambda: _pyg_error(
+        "UnknownNameError")("no node type 'pepar'; the schema has 'author', 'paper'"),
+    "mploader.integrations.nebula.pyg.errors.NodeIndexError": lambda: _pyg_error(
+        "NodeIndexError")("node 2000 of 'paper' is past its 2000 nodes"),
+    "mploader.integrations.nebula.pyg.errors.WriteDtypeError": lambda: _pyg_error(
+        "WriteDtypeError")("torch.float32 values into the INT attribute 'paper.year'"),
+    "mploader.integrations.nebula.pyg.errors.WriteShapeError": lambda: _pyg_error(
+        "WriteShapeError")("values of shape (2, 5) for 2 rows of 'paper.x', 4 wide"),
+    "mploader.integrations.nebula.pyg.errors.SchemaConflictError": lambda: _pyg_error(
+        "SchemaConflictError")("('paper', 'to', 'paper') and ('paper', 'cites', 'paper') read "
+                               "the same stored edges"),
 }
+
+
+def _pyg_error(name: str) -> Any:
+    """A class of the PyG integration's errors (imported on use: torch_geometric is optional)."""
+    return getattr(importlib.import_module("mploader.integrations.nebula.pyg.errors"), name)
 
 
 def test_every_exception_class_has_a_sample() -> None:
