@@ -107,3 +107,15 @@ def test_a_batch_kept_across_the_epoch_boundary_is_not_refilled() -> None:
             assert torch.equal(batch, torch.full((ITEM_FLOATS,), float(index))), again
     for index, batch in enumerate(kept):
         assert torch.equal(batch, torch.full((ITEM_FLOATS,), float(index)))
+
+
+def test_a_loader_still_pickles_and_copies() -> None:
+    """A new loader pickles and copies as torch's does (its keeper's lock did not)."""
+    import copy
+    import pickle
+
+    loader = mploader.DataLoader(Blocks(4), batch_size=None, num_workers=1,
+                                 multiprocessing_context="fork")
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert clone._block_keeper.kept_bytes == 0
+        assert _epoch_inodes(clone)

@@ -91,6 +91,10 @@ class BlockKeeper:
         self._blocks: dict[int, list[KeptBlock]] = {}
         self._pid = os.getpid()
 
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        """A pickled or copied loader gets an empty keeper: the blocks are this process's."""
+        return (BlockKeeper, ())
+
     def keep(self, blocks: dict[int, list[KeptBlock]], budget_bytes: int) -> None:
         """Keep ``blocks`` (by worker id) instead of what was kept before, the most recently
         used first, up to ``budget_bytes`` in all."""
