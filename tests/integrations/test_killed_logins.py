@@ -33,7 +33,7 @@ from mploader.integrations.nebula.logins import LOGIN_WINDOW_SECONDS, sweep_stal
 from nebula_testing import citation
 from nebula_testing.nebula_events import Event, EventLog
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids
+from tests.integrations.nebula_fixtures import AdminSession, NebulaTarget, session_ids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,26 +61,6 @@ def _log_in_and_wait(address: str) -> None:
     """A worker's first statement (its pool's first login), then nothing: the test kills it."""
     PooledSession(_hooks(address).session_pool()).execute("YIELD 1 AS q")
     time.sleep(60)
-
-
-class _Admin:
-    """A plain nebula3 session: what graphd lists, this one left out."""
-
-    def __init__(self, address: str) -> None:
-        from nebula3.Config import Config
-        from nebula3.gclient.net import ConnectionPool
-
-        host, port = address.rsplit(":", 1)
-        self.pool = ConnectionPool()
-        self.pool.init([(host, int(port))], Config())
-        self.session = self.pool.get_session("root", "nebula")
-
-    def others(self) -> set[int]:
-        return session_ids(self.session) - {self.session._session_id}
-
-    def close(self) -> None:
-        self.session.release()
-        self.pool.close()
 
 
 def _next_event(log: EventLog, name: str, after: float, timeout: float = 10.0) -> Event:
@@ -156,7 +136,7 @@ def test_a_worker_killed_mid_login_leaves_no_session(
     server, log = slow_logins
     hooks = _hooks(server.address)
     budget = HostSessionBudget(hooks.user, hooks.addresses, hooks.session_budget)
-    admin = _Admin(server.address)
+    admin = AdminSession(server.address)
     bystanders = admin.others()  # other clients' sessions, made before: never touched
     context = multiprocessing.get_context("fork")
     try:

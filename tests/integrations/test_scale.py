@@ -38,7 +38,12 @@ from mploader.integrations.nebula import (
 from mploader.integrations.nebula.budget import HostSessionBudget
 from nebula_testing import citation
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from tests.integrations.nebula_fixtures import (
+    AdminSession,
+    NebulaTarget,
+    session_ids,
+    wait_for,
+)
 
 from .loader_datasets import FetchAll, KillOnceAt, QueryThenSleep, YieldPerFetchThread
 
@@ -61,21 +66,12 @@ def _hooks_at(address: str, **overrides: Any) -> NebulaHooks:
     return NebulaHooks([address], space=citation.CITATION_SPACE, **overrides)
 
 
-class _Admin:
-    """A plain nebula3 session for SHOW SESSIONS; :meth:`watch` samples the count meanwhile."""
+class _Admin(AdminSession):
+    """The admin session; :meth:`watch` samples the count meanwhile."""
 
     def __init__(self, address: str) -> None:
-        from nebula3.Config import Config
-        from nebula3.gclient.net import ConnectionPool
-
-        host, port = address.rsplit(":", 1)
-        self.pool = ConnectionPool()
-        self.pool.init([(host, int(port))], Config())
-        self.session = self.pool.get_session("root", "nebula")
+        super().__init__(address)
         self.high_water = 0
-
-    def others(self) -> set[int]:
-        return session_ids(self.session) - {self.session._session_id}
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
@@ -94,11 +90,6 @@ class _Admin:
         finally:
             stop.set()
             thread.join()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.session.release()
-        self.pool.close()
 
 
 @pytest.fixture(scope="module")
