@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mploader-installed
 
-.PHONY: setup demo test lint bench compat clean
+.PHONY: setup demo test lint bench compat docs clean
 
 # torch==2.13.0 is installed first and only when missing: a looser requirement on a machine
 # without torch pulls several GB of CUDA packages.  pyproject's range is satisfied by it, so the
@@ -44,9 +44,21 @@ compat:
 	$(COMPAT_PY) -c "import torch; print('torch', torch.__version__)"
 	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
 
+# The manual: docs/_build/html/index.html.  Warnings are errors (-W) and every cross-reference
+# must resolve (-n), so a broken reference or an undocumented public name fails the build.
+DOCS_STAMP := $(VENV)/.mploader-docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	rm -rf docs/_build docs/reference/generated
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "the manual: docs/_build/html/index.html"
+
 bench: setup
 	$(PY) benchmarks/versus.py
 	$(PY) benchmarks/threads.py
 
 clean:
-	rm -rf $(VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache docs/_build docs/reference/generated

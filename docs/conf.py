@@ -1,0 +1,53 @@
+"""Sphinx configuration for mploader's manual (``make docs``; CI builds it with ``-W -n``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPOSITORY))  # nebula_testing/ (the bundled server) is not in the wheel
+
+project = "mploader"
+author = "the mploader developers"
+copyright = "2026, the mploader developers"  # noqa: A001 (Sphinx's name)
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "sphinx_copybutton",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build"]
+templates_path = ["_templates"]
+
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+autosummary_generate = True
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+
+# No intersphinx: the build machines reach package registries only, and a fetch that fails is a
+# warning (an error under -W).  References into mploader are checked (-n, nitpicky); names from
+# Python, torch and the other libraries stay plain text.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(builtins\.)?(int|float|str|bytes|bool|object|type|dict|list|tuple|set|None"
+               r"|BaseException|Exception|RuntimeError|ValueError|TypeError|OSError)"),
+    (r"py:.*", r"(torch|numpy|np|nebula3|torch_geometric|multiprocessing|collections|typing"
+               r"|types|threading|pathlib|os|io|enum|logging|socket|weakref|datetime"
+               r"|dataclasses|concurrent|contextlib|abc|typing_extensions)(\..*)?"),
+    (r"py:.*", r"(Any|Callable|Iterator|Iterable|Mapping|Sequence|Self|Literal|Optional|Union"
+               r"|Generator|TypeVar|ParamSpec|T|T_co|Path|Tensor|Dataset|Sampler)"),
+]
+
+html_theme = "furo"
+html_title = "mploader"
+html_static_path: list[str] = []
