@@ -10,7 +10,7 @@ sys.path.insert(0, str(REPOSITORY))  # nebula_testing/ (the bundled server) is n
 
 project = "mploader"
 author = "the mploader developers"
-copyright = "2026, the mploader developers"  # noqa: A001 (Sphinx's name)
+copyright = "2026, the mploader developers"
 
 extensions = [
     "myst_parser",
