@@ -20,17 +20,17 @@ _DEFAULT_BUDGET_CAP = 8 << 30
 
 # Leaves smaller than this travel inside the message. Measured with `benchmarks/shm_micro.py
 # crossover` (a worker process, a Pipe, one float32 tensor per batch, round trip per batch, 2-core
-# machine): inline costs about 54 us + 2.2 us per KiB (the bytes are copied into the pickle, through
-# the pipe and out again), a block costs about 73 us flat (pool bookkeeping, a lease and its
-# finalizer, the release); they cross near 9 KiB (8 KiB: 167/73 us noisy, 12 KiB: 79/74 us,
-# 24 KiB: 107/73 us). We take 16 KiB because a real release costs one more write on the task pipe
+# machine): inline costs grow with the bytes (they are copied into the pickle, through the pipe
+# and out again), a block costs the same whatever its size (pool bookkeeping, a lease and its
+# finalizer, the release); they crossed near 9 KiB (the figures: the performance page of the
+# manual). We take 16 KiB because a real release costs one more write on the task pipe
 # than the benchmark's piggy-backed one, which moves the crossover up. The small workloads'
 # batches (one int64, one 64x10 float32 = 2.5 KiB) stay inline.
 DEFAULT_INLINE_THRESHOLD = 16 << 10
 
 # Smallest block. Every batch above the inline threshold but below 1 MiB shares this one size
 # class, so batches of slightly varying size reuse the same blocks; reserving 1 MiB per block costs
-# about 0.3 ms, once.
+# little, and once (the performance page of the manual).
 DEFAULT_MIN_BLOCK_BYTES = 1 << 20
 
 _PAGE = 4096

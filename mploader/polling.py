@@ -63,8 +63,8 @@ def spin_seconds() -> float:
     return max(0.0, microseconds) / 1e6
 
 
-# Long enough for the next small task or result to come (they came 50-200 us apart in
-# small_ints), short enough that a spin that does not pay off costs little.
+# Long enough for the next small task or result to come (as they came in small_ints: see the
+# performance page of the manual), short enough that a spin that does not pay off costs little.
 _DEFAULT_SPIN_US = 200.0
 
 

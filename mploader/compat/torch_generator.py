@@ -29,7 +29,7 @@ _default_generator = torch.default_generator
 _MT_WORDS = 624
 
 STATE_BYTES = _default_generator.get_state().numel()
-_StateArray = ctypes.c_char * STATE_BYTES  # the array type made once: 0.2 us a call less
+_StateArray = ctypes.c_char * STATE_BYTES  # the array type made once, not per call (measured)
 
 
 def state_bytes() -> bytes:

@@ -28,7 +28,8 @@ from mploader.monitor.trace import STARTUP_TID, Tracer
 _log = logging.getLogger("mploader")
 
 # The copy-on-write guard samples each worker's private memory (USS) this often while iterating;
-# reading /proc/<pid>/smaps_rollup costs about a millisecond.
+# reading /proc/<pid>/smaps_rollup costs too much for every batch (the performance page of the
+# manual).
 SAMPLE_INTERVAL_SECONDS = 2.0
 # Warn when a worker's USS has risen in each of the last RISING_SAMPLES samples and by more than
 # GROWTH_BYTES in all since its baseline (taken after BASELINE_TASKS tasks, once start-up

@@ -130,5 +130,6 @@ class IterableExhausted:
 
 # A payload at least this large travels as its own frame instead of inside the pickled header:
 # below it, one pickle + one write is cheaper than two writes; above it, the copy into the pickle
-# dominates (a 64 KiB memcpy is ~3 us, a second write syscall ~2 us).
+# dominates (near 64 KiB the memcpy costs about what a second write syscall does: the performance
+# page of the manual).
 SEPARATE_FRAME_BYTES = 64 * 1024

@@ -53,8 +53,8 @@ _ALIGNMENT = 64
 
 # Stacks at least this large are written row by row (one numpy copy a row) instead of by one
 # torch.stack(out=): rows can be split over the copy threads.  One thread alone is no faster
-# either way on this VM (600 MB of 1000 x 250x602 float32: stack 86 ms, rows 88 ms); two threads
-# copying rows took 47 ms.  Below it one stack call wins (32 x 3x224x224: 118 vs 165 us).
+# either way; two threads copying rows are.  Below it one stack call wins.  (Measured with 600 MB
+# and with 32 x 3x224x224 stacks: see the performance page of the manual.)
 _COPY_LOOP_BYTES = 64 << 20
 
 # numpy kinds that travel as raw bytes: bool, signed, unsigned, float, complex.
