@@ -3,6 +3,29 @@
 ``mploader.DataLoader`` takes the installed torch's arguments (2.6 to 2.14) and yields torch's
 batches; underneath, its own iterator moves batches through pooled shared memory, gives each
 worker its own database session, and reports worker deaths by name and cause.
+
+The public face (importable from ``mploader``; README, "Layout", draws the layers):
+
+* ``loader``: ``mploader.DataLoader``, torch's constructor with mploader's iterator underneath.
+* ``_install``: ``install()`` / ``uninstall()``, mploader's iterator in every torch DataLoader.
+* ``__main__``: ``python -m mploader trace-summary`` and ``python -m mploader top``.
+
+The layers, each a subpackage (imports run iterator -> process -> worker -> channel):
+
+* ``iterator/``: the iterators a loader hands out, resume (``state_dict()``) and their logic.
+* ``process/``: the worker processes as the main process sees them: start, watch, stop, zygote.
+* ``worker/``: everything that runs inside a worker process: its loop, hooks, seeds, threads.
+* ``channel/``: how a batch travels from a worker to the main process (pooled shared memory).
+* ``monitor/``: counters, ``stats()`` snapshots, the trace and ``top``; every layer may call it.
+* ``compat/``: the one seam to torch's and CPython's private, version-dependent API.
+* ``integrations/``: external data sources for workers (NebulaGraph, PyTorch Geometric).
+
+The leaves, which import nothing else of the package:
+
+* ``config``: ``SharedMemoryConfig`` and the resolver of ``shared_memory=``.
+* ``errors``: ``MploaderError`` and the worker errors that cross the process boundary.
+* ``finalizers``: finalizers that queue their work for a thread that holds no lock.
+* ``polling``: the one way mploader waits on file descriptors and wakes a waiter.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """The result channel: how a batch travels from a worker to the main process.
 
-``protocol`` types the two ends; ``plain`` pickles batches into the message; ``shm/`` is the pooled
-shared-memory channel (pool, codec, blocks, names); ``collate`` is torch's ``default_collate``
-rebuilt to stack into a block (or into ordinary memory for the plain channel).  The channel imports
-only ``mploader.config`` and ``mploader.errors`` from the rest of the package: the worker loop and
-the iterator call it, never the other way round.
+* ``protocol``: the two ends (worker end, main end) as typed protocols.
+* ``plain``: the channel with ``shared_memory=False``, batches pickled into the message.
+* ``shm/``: the pooled shared-memory channel (pool, codec, blocks, names).
+* ``collate``: torch's ``default_collate`` rebuilt to stack into a block (or ordinary memory).
+* ``tensors``: which tensors a channel carries its own way, and how every other tensor travels.
+* ``forking``: which forks of the main process are mploader's own workers.
+
+The channel imports only the leaves ``mploader.compat``, ``mploader.config`` and
+``mploader.errors`` from the rest of the package: the worker loop and the iterator call it, never
+the other way round.
 """
 
 from __future__ import annotations

@@ -2,8 +2,18 @@
 
 Workers copy each batch's large array leaves once into reused blocks of a per-worker pool; the main
 process maps every block once and hands out zero-copy views; a block goes back to its worker when
-the last view of its batch is garbage-collected. See ``channel.py`` for the flow, ``codec.py`` for
-the message format and ``names.py`` for how ``/dev/shm`` stays clean.
+the last view of its batch is garbage-collected.
+
+* ``channel``: the two ends, ``WorkerChannel`` and ``MainChannel``; its docstring draws the flow.
+* ``codec``: the message format, a batch's skeleton pickled with array leaves as descriptors.
+* ``pool``: a worker's pool of blocks: size classes, free list, byte budget, growth.
+* ``block``: one block: create (worker), open (main), map, and unmap when unused.
+* ``copier``: copies of large leaves into a block, split over the worker's share of the cores.
+* ``handover``: blocks that outlive their worker, kept by the main process for the next one.
+* ``names``: block names under ``/dev/shm`` and the sweeps that remove leftovers.
+* ``liveness``: whether a loader is alive, decided by a lock file rather than a pid.
+* ``stats``: frozen snapshots of the channel's counters (worker pools and the main side).
+* ``errors``: the channel's errors (``SharedMemoryFullError``, ``BatchTooLargeError``, ...).
 """
 
 from mploader.channel.shm.channel import MainChannel, WorkerChannel

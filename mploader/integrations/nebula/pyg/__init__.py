@@ -11,6 +11,18 @@
 * :func:`put_graph`: load a PyG ``Data`` / ``HeteroData`` into a space in one call.
 
 Needs ``torch-geometric`` (``pip install mploader[pyg]``); pure Python.
+
+The modules:
+
+* ``schema``: :class:`GraphSchema`, how a PyG graph maps onto a space (tags, edge types).
+* ``feature_store``: :class:`NebulaFeatureStore`, node attributes as tag properties.
+* ``graph_store``: :class:`NebulaGraphStore`, an edge type's ``edge_index`` from a scan.
+* ``sampler``: :class:`NebulaNeighborSampler`, neighbours asked of the server hop by hop.
+* ``loader``: :class:`NebulaNodeLoader`, PyG's ``NodeLoader`` on mploader's fetch threads.
+* ``load``: :func:`put_graph` and :func:`schema_statements`, a graph into a space in one call.
+* ``nodes``: which nodes exist and which an index names, checked before any statement.
+* ``queries``: the session a store uses (the fetch thread's, or the process's) and its rows.
+* ``errors``: what the stores and the sampler raise for input the schema refuses.
 """
 
 from mploader.integrations.nebula.pyg.feature_store import NebulaFeatureStore
