@@ -62,6 +62,8 @@ def install() -> Installation:
     """Make every torch DataLoader (and subclass) use mploader's multi-process iterator.
 
     Subclasses that override ``_get_iterator`` keep their own and get a ``UserWarning``.
+    Idempotent.  Returns a context manager: ``with mploader.install(): ...`` calls
+    :func:`uninstall` when the block ends.
     """
     global _original_get_iterator, _original_init_subclass
     torch_loader = torch.utils.data.DataLoader
@@ -92,6 +94,7 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
+    """Whether :func:`install` is in effect (torch's DataLoaders use mploader's iterator)."""
     return _original_get_iterator is not None
 
 

@@ -40,11 +40,17 @@ _PAGE = 4096
 class SharedMemoryConfig:
     """How the pooled shared-memory channel may use ``/dev/shm``.
 
-    budget_bytes: total bytes of blocks across all workers of one loader (each worker gets an even
-        share). ``None`` means a quarter of the ``/dev/shm`` tmpfs, at most 8 GiB. Over budget a
-        worker waits for the main process to release a block instead of growing.
-    inline_threshold: array leaves with fewer bytes travel inside the message instead of a block.
-    min_block_bytes: the smallest block size class (a power of two, at least 4096).
+    Pass it as ``DataLoader(shared_memory=SharedMemoryConfig(...))``; a field that is out of
+    range is a ``ValueError`` here, when the config is made.
+
+    Attributes:
+        budget_bytes: total bytes of blocks across all workers of one loader (each worker gets an
+            even share). ``None`` means a quarter of the ``/dev/shm`` tmpfs, at most 8 GiB. Over
+            budget a worker waits for the main process to release a block instead of growing.
+        inline_threshold: array leaves with fewer bytes travel inside the message instead of a
+            block (default 16 KiB).
+        min_block_bytes: the smallest block size class (a power of two, at least 4096; default
+            1 MiB).
     """
 
     budget_bytes: int | None = None

@@ -95,6 +95,9 @@ class WorkerDiedError(PicklesWithoutInit, MploaderError, RuntimeError):
 
     @property
     def signal_name(self) -> str | None:
+        """The name of the signal that killed the worker (``"SIGKILL"``, or ``"signal N"`` for a
+        number Python does not name); ``None`` when it exited (``exitcode >= 0``) or the exit
+        code is unknown."""
         if self.exitcode is None or self.exitcode >= 0:
             return None
         return signal_name(-self.exitcode)

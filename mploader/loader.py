@@ -136,8 +136,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: after the last batch the consumer received.
 
-        A plain dict (Python scalars, lists, dicts and tensors, with a ``version``) that pickles
-        and ``torch.save``\\ s.  A new loader built with the same arguments that loads it with
+        A plain dict with a ``format`` and a ``version``: mploader's own entries are Python
+        scalars, strings, lists and dicts (generator states are base64 strings), so the state
+        pickles, ``torch.save``\\ s, loads with ``torch.load(weights_only=True)`` and goes
+        through ``json.dumps``.  What a dataset's or sampler's own ``state_dict()`` returns is
+        kept as it is and may add tensors, tuples or int keys (then JSON no longer round-trips
+        it); anything else there (a numpy scalar, say) is a ``TypeError`` naming where it is.
+
+        A new loader built with the same arguments that loads it with
         :meth:`load_state_dict` yields, from its next ``iter()``, exactly the batches this one
         would have yielded next, and then the same later epochs (generator, base seed, worker
         seeds and the workers' random draws included).

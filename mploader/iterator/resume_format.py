@@ -93,7 +93,7 @@ def check_loadable(state: Any, arguments: dict[str, Any]) -> None:
 
 def check_plain(value: Any, where: str = "state") -> None:
     """Raise a ``TypeError`` naming the first value that is not a plain scalar, string, list,
-    tuple, dict with string keys or tensor."""
+    tuple, dict with ``str`` or ``int`` keys, or tensor."""
     if isinstance(value, (*_SCALARS, torch.Tensor)):
         return
     if isinstance(value, dict):

@@ -242,6 +242,11 @@ class ProcessLocal(Generic[T]):
         self._lock = threading.Lock()
 
     def get(self) -> T:
+        """This process's value, built by ``factory()`` on the first call in each process.
+
+        A value inherited across fork is dropped (not closed) and a new one built, so a client
+        is never shared between processes.  Thread-safe: concurrent first calls build it once.
+        """
         with self._lock:
             if self._pid != os.getpid():
                 self._drop_inherited()

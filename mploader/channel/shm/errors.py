@@ -39,6 +39,8 @@ class SharedMemoryFullError(SharedMemoryError, OSError):
 
     @classmethod
     def for_block(cls, directory: str, needed_bytes: int, free_bytes: int) -> SharedMemoryFullError:
+        """The error for a block of ``needed_bytes`` that ``directory`` (``/dev/shm``), with
+        ``free_bytes`` free, cannot hold: the message names both and the ways out."""
         return cls(
             f"{directory} is too full for mploader's shared-memory pool: a block needs "
             f"{_format_bytes(needed_bytes)} but only {_format_bytes(free_bytes)} are free. "
@@ -68,6 +70,9 @@ class BatchTooLargeError(PicklesWithoutInit, SharedMemoryError, ValueError):
     @classmethod
     def for_batch(cls, needed_bytes: int, worker_budget_bytes: int,
                   num_workers: int) -> BatchTooLargeError:
+        """The error for a batch of ``needed_bytes`` over a worker's ``worker_budget_bytes``
+        (the budget divided among ``num_workers``): the message names the numbers and the ways
+        out."""
         return cls(
             f"a batch needs {_format_bytes(needed_bytes)} of shared memory but each of the "
             f"{num_workers} worker(s) may use at most {_format_bytes(worker_budget_bytes)} "

@@ -40,13 +40,13 @@ class NebulaHooks(WorkerHooks):
     ``nebula3.Config.Config`` (timeouts, pool sizes).  Picklable, so it works with ``spawn`` and
     ``forkserver`` workers.  With ``space`` set, every session starts with ``USE space``.
 
-    A worker's fetch threads share its sessions (:mod:`.pool`): ``worker_session()`` gives each
-    thread a handle that borrows a session per statement.  ``session_budget``: the most sessions
-    all processes of this OS user on this host hold at once for this graphd user and cluster
-    (its addresses however spelled, :mod:`.budget`; default 240, under graphd's default cap of
-    300).  ``retry_seconds``:
-    how long a statement is retried with backoff while graphd is unreachable (default 60 s: a
-    restart), and how long a process waits for its first session.
+    A worker's fetch threads share its sessions (a :class:`SessionPool`): ``worker_session()``
+    gives each thread a :class:`PooledSession`, a handle that borrows a session per statement.
+    ``session_budget``: the most sessions all processes of this OS user on this host hold at
+    once for this graphd user and cluster (its addresses however spelled; default 240, under
+    graphd's default cap of 300).  ``retry_seconds``: how long a statement is retried with
+    backoff while graphd is unreachable (default 60 s: a restart), and how long a process waits
+    for its first session.
     """
 
     def __init__(
@@ -111,6 +111,8 @@ class NebulaHooks(WorkerHooks):
         return handle
 
     def close_session(self, session: Any, info: WorkerInfo) -> None:
+        """Close a handle :meth:`create_session` made; the process's last one signs the pool's
+        sessions out."""
         session.close()
 
     def on_worker_died(self, worker_id: int, pid: int | None) -> None:
@@ -132,6 +134,9 @@ class NebulaHooks(WorkerHooks):
             pool.abandon()
 
     def drop_inherited_session(self, session: Any) -> None:
+        """In a forked child: detach an inherited :class:`NebulaSession`, :class:`PooledSession`
+        or raw nebula3 ``Session`` from the parent's socket without a word to graphd, and keep
+        it so its finaliser never signs the parent's session out."""
         if isinstance(session, NebulaSession | PooledSession):
             session.detach()
         elif hasattr(session, "_connection") and hasattr(session, "_session_id"):

@@ -103,7 +103,16 @@ _live_pools: DroppedInForkedChild[SessionPool] = DroppedInForkedChild(
 
 
 class SessionPool:
-    """The sessions of one process for one :class:`~.hooks.NebulaHooks` (see the module doc)."""
+    """The sessions of one process for one :class:`NebulaHooks`, shared by its fetch threads.
+
+    Made by :meth:`NebulaHooks.session_pool` from the hooks' settings (a ``PoolSettings``).  Each
+    thread uses it through a :class:`PooledSession`, which borrows a session per statement
+    (:meth:`take`, then :meth:`give_back` or :meth:`discard`; a borrowed session comes with the
+    budget slot it holds).  The pool grows one login at a time under the host-wide session
+    budget, backs off while logins are refused, renews sessions graphd forgot, and signs every
+    session out when its last handle closes.  A forked child drops an inherited pool without a
+    word to graphd (:meth:`forget`).
+    """
 
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings
@@ -138,6 +147,8 @@ class SessionPool:
     # -- handles ---------------------------------------------------------------------------------
 
     def add_handle(self) -> None:
+        """Count one more handle (a :class:`PooledSession`) on the pool; a ``NebulaError`` once
+        the pool closed, or in another process than the pool's."""
         with self._cond:
             self._check_usable()
             self._handles += 1
@@ -158,7 +169,8 @@ class SessionPool:
         Past ``deadline`` with no session at all, the caller hears how one more login ended
         (the one under way, else its own, made at once: a backoff from earlier refusals is no
         refusal of this caller): refused for the cap or the budget,
-        :class:`NebulaSessionLimitError`; graphd out of reach, :class:`NebulaConnectionError`.
+        :class:`~mploader.NebulaSessionLimitError`; graphd out of reach,
+        :class:`~mploader.NebulaConnectionError`.
         """
         decisive: int | None = None  # past the deadline: the login whose end decides
         while True:
@@ -405,8 +417,9 @@ class PooledSession:
 
     @property
     def session_id(self) -> int | None:
-        """The graphd session that ran this handle's last statement (before any: one of the
-        pool's, logged in if need be); ``None`` once closed."""
+        """The id of the graphd session that ran this handle's last statement; before the first
+        statement, the id of one of the pool's sessions (logged in if need be); ``None`` once
+        the handle is closed."""
         if self.closed:
             return None
         if self._last_session_id is None:
@@ -419,7 +432,8 @@ class PooledSession:
         return self.pool.renewals
 
     def execute(self, statement: str) -> ResultSet:
-        """Run ``statement``: its ``ResultSet``, or :class:`NebulaQueryError` if it failed."""
+        """Run ``statement``: its ``ResultSet``, or :class:`~mploader.NebulaQueryError` if it
+        failed."""
         return self._run(statement, NebulaSession.execute)
 
     def execute_json(self, statement: str) -> dict[str, Any]:

@@ -83,14 +83,15 @@ _live_sessions: DroppedInForkedChild[NebulaSession] = DroppedInForkedChild(
 class NebulaSession:
     """One process's graphd session: its own ``ConnectionPool`` and ``Session``, and a space.
 
-    :meth:`execute` raises :class:`NebulaQueryError` on a failed statement and, when the
-    connection is broken (or the server forgot the session, e.g. after a restart), reconnects
+    :meth:`execute` raises :class:`~mploader.NebulaQueryError` on a failed statement and, when
+    the connection is broken (or the server forgot the session, e.g. after a restart), reconnects
     once with a fresh session, re-runs ``USE space`` and retries the statement.  A retried
     ``INSERT`` is harmless (NebulaGraph inserts overwrite); other side effects may run twice.
-    With ``reconnect=False`` (the sessions of a :class:`~.pool.SessionPool`, which retries with
-    backoff itself) it raises instead: :class:`NebulaSessionLostError` when graphd forgot the
-    session, :class:`NebulaConnectionError` when the connection broke.
-    Thread-safe (one statement at a time).  Never shared between processes: see the module doc.
+    With ``reconnect=False`` (the sessions of a :class:`SessionPool`, which retries with backoff
+    itself) it raises instead: :class:`~mploader.NebulaSessionLostError` when graphd forgot the
+    session, :class:`~mploader.NebulaConnectionError` when the connection broke.  Thread-safe
+    (one statement at a time).  Never shared between processes: see
+    :mod:`mploader.integrations.nebula` for why.
     """
 
     def __init__(
@@ -125,6 +126,8 @@ class NebulaSession:
 
     @property
     def where(self) -> str:
+        """The graphd addresses this session may use, as ``"host:port, host:port"`` (for
+        messages)."""
         return describe_addresses(self.addresses)
 
     @property
@@ -235,7 +238,8 @@ class NebulaSession:
                 )
 
     def execute(self, statement: str) -> ResultSet:
-        """Run ``statement``: its ``ResultSet`` if it succeeded, else :class:`NebulaQueryError`."""
+        """Run ``statement``: its ``ResultSet`` if it succeeded, else
+        :class:`~mploader.NebulaQueryError`."""
         result, _, _ = self._send(statement, _execute_thrift)
         return result
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-# graphd's default max_allowed_query_size (nebula-graphd.conf), in bytes.
 GRAPHD_MAX_QUERY_BYTES = 4 * 1024 * 1024
+"""graphd's default ``max_allowed_query_size`` in bytes (4 MiB, nebula-graphd.conf), and so the
+default ``max_bytes`` of :func:`split_id_statements`."""
 
 _SEPARATOR = ", "
 

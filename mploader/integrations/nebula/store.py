@@ -34,7 +34,8 @@ class NebulaFeatureStore:
     so each DataLoader worker uses its own session, and ``num_workers=0`` uses the main
     process's), in chunks of ``batch_size`` vertices, each statement at most
     ``max_query_bytes`` long (graphd's ``max_allowed_query_size``, 4 MiB by default: a larger
-    chunk is split, see :mod:`.statements`).  Picklable when ``session`` is (the default is).
+    chunk is split, see :func:`split_id_statements`).  Picklable when ``session`` is (the
+    default is).
     """
 
     def __init__(

@@ -39,11 +39,11 @@ class NebulaFeatureStore(FeatureStore):
     PyG node indices of that type (vid = the type's ``vid_offset`` + index), read as torch reads
     ``x[index]``: ``store['paper', 'x', 5]`` is one row, shape ``(dim,)``, as in PyG's
     ``HeteroData`` store; a float index is torch's ``IndexError``.  Every name, index, dtype and
-    shape is checked against the schema and the node counts before a statement is sent
-    (:mod:`~mploader.integrations.nebula.pyg.errors`): a write never lands half-checked.
-    :meth:`multi_get_tensor` answers every attribute of a batch with one ``FETCH`` per tag
+    shape is checked against the schema and the node counts before a statement is sent (a
+    :class:`~mploader.StoreInputError` names what is wrong): a write never lands half-checked.
+    PyG's ``multi_get_tensor()`` answers every attribute of a batch with one ``FETCH`` per tag
     (split below graphd's query size limit).  Statements run on the fetch thread's own session
-    inside a loader's workers, else on this process's own session (see :class:`SessionSource`).
+    inside a loader's workers, else on this process's own session.
     Picklable: the hooks travel, never a session.
     """
 

@@ -69,6 +69,11 @@ class NebulaNeighborSampler(BaseSampler):
     def sample_from_nodes(
         self, inputs: NodeSamplerInput, **kwargs: Any
     ) -> SamplerOutput | HeteroSamplerOutput:
+        """Sample the subgraph around ``inputs.node`` (the seed nodes of ``inputs.input_type``),
+        as PyG's ``NodeLoader`` asks: a ``SamplerOutput`` for a homogeneous schema, else a
+        ``HeteroSamplerOutput``; node ids are PyG indices per node type, and ``edge`` is
+        ``None`` (no edge ids are kept).  Seed indices are checked against the node counts
+        before the first hop is asked (:class:`~mploader.NodeIndexError`)."""
         input_type = self.schema.node_type(inputs.input_type).tag
         seeds = check_node_ids(inputs.node, self.counts(input_type), input_type, "seed node")
         self.counts.check_apart()
@@ -88,6 +93,8 @@ class NebulaNeighborSampler(BaseSampler):
         return sampled.output(inputs, hetero=self.schema.is_hetero)
 
     def sample_from_edges(self, inputs: Any, neg_sampling: Any = None) -> Any:
+        """Not supported: this sampler serves ``NodeLoader`` (seed nodes), not ``LinkLoader``;
+        raises ``NotImplementedError``."""
         raise NotImplementedError(
             "NebulaNeighborSampler samples from nodes (NodeLoader), not from edges (LinkLoader)"
         )
@@ -133,6 +140,8 @@ class NebulaNeighborSampler(BaseSampler):
             return generator
 
     def close(self) -> None:
+        """Sign out this process's own session, if the sampler made one outside a loader's
+        workers (sessions in workers belong to the loader's hooks)."""
         self.session.close()
 
     def __repr__(self) -> str:

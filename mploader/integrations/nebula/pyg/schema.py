@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from mploader.integrations.nebula.pyg.errors import SchemaConflictError, UnknownNameError
 
-FEATURES = "features"  # a float vector in a string property (FEATURE_ENCODING)
-INT = "int"  # an INT64 property, one value per node (labels)
-FLOAT = "float"  # a DOUBLE property, one value per node
+FEATURES = "features"  #: A :class:`NodeAttribute` kind, a float vector in a string property.
+INT = "int"  #: A :class:`NodeAttribute` kind, one INT64 value per node (labels).
+FLOAT = "float"  #: A :class:`NodeAttribute` kind, one DOUBLE value per node.
 _KINDS = (FEATURES, INT, FLOAT)
 
 EdgeType = tuple[str, str, str]
@@ -39,11 +39,13 @@ class NodeAttribute:
 
     @property
     def nebula_type(self) -> str:
+        """The NebulaGraph property type that holds this kind (``string`` for features, stored
+        as ``FEATURE_ENCODING``; ``int``; ``double``)."""
         return {FEATURES: "string", INT: "int", FLOAT: "double"}[self.kind]
 
     @property
     def row_shape(self) -> tuple[int, ...]:
-        """The shape of one node's value: ``(dim,)`` for features, ``()`` for a number."""
+        """The shape of one node's value (``(dim,)`` for features, ``()`` for a number)."""
         return (self.dim,) if self.dim is not None else ()
 
     def describe(self) -> str:
@@ -127,13 +129,18 @@ class GraphSchema:
 
     @property
     def is_hetero(self) -> bool:
+        """Whether PyG sees a heterogeneous graph (``HeteroData``), i.e. more than one node type
+        or more than one edge type."""
         return len(self.node_types) > 1 or len(self.edges) > 1
 
     @property
     def tags(self) -> list[str]:
+        """The node types' tags, in the schema's order."""
         return [node_type.tag for node_type in self.node_types]
 
     def node_type(self, tag: str | None) -> NodeType:
+        """The node type of ``tag`` (``None``: the only one, in a homogeneous schema), or an
+        ``UnknownNameError`` listing the schema's node types."""
         if tag is None:
             if len(self.node_types) != 1:
                 raise UnknownNameError(
@@ -160,6 +167,8 @@ class GraphSchema:
         return node_type, attribute
 
     def edge_mapping(self, edge_type: EdgeType | None) -> EdgeMapping:
+        """The mapping of PyG's ``(source, relation, destination)`` edge type (``None``: the only
+        one), or an ``UnknownNameError`` listing the schema's edge types."""
         if edge_type is None:
             if len(self.edges) != 1:
                 raise UnknownNameError(
