@@ -7,6 +7,7 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPOSITORY))  # nebula_testing/ (the bundled server) is not in the wheel
+sys.path.insert(0, str(REPOSITORY / "docs" / "_ext"))  # this manual's own extension
 
 project = "mploader"
 author = "the mploader developers"
@@ -19,6 +20,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "sphinx_copybutton",
+    "api_completeness",  # docs/_ext: a public object without a docstring of its own is a warning
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
@@ -46,6 +48,22 @@ nitpick_ignore_regex = [
                r"|dataclasses|concurrent|contextlib|abc|typing_extensions)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|Mapping|Sequence|Self|Literal|Optional|Union"
                r"|Generator|TypeVar|ParamSpec|T|T_co|Path|Tensor|Dataset|Sampler)"),
+    # the type variables of mploader's generic classes (DataLoader[T_co], ProcessLocal[T])
+    (r"py:.*", r"mploader(\.\w+)*\.(T|T_co)"),
+]
+
+# Names that signatures hold as unresolved strings (annotations under ``TYPE_CHECKING``, and
+# class signatures, whose string annotations autodoc does not evaluate), each listed on purpose:
+nitpick_ignore = [
+    # nebula3-python's classes: NebulaHooks(config=), NebulaSession.execute() -> ResultSet.
+    ("py:class", "Config"),
+    ("py:class", "ResultSet"),
+    # mploader's internal types that public signatures name; each docstring says what they are.
+    ("py:class", "mploader._install.Installation"),  # install()'s context manager
+    ("py:class", "PoolSettings"),  # SessionPool(settings): what NebulaHooks passes
+    ("py:class", "mploader.integrations.nebula.pool._Member"),  # SessionPool.take/give_back
+    ("py:class", "mploader.integrations.nebula.pyg.schema.KeptApart"),  # GraphSchema.kept_apart
+    ("py:class", "NumNeighbors"),  # NebulaNeighborSampler(num_neighbors=): a list or a dict
 ]
 
 html_theme = "furo"
