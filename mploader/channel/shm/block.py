@@ -36,6 +36,7 @@ FREE_BYTES_ENV = "MPLOADER_SHM_FREE_BYTES_FOR_TESTING"
 # measured cheaper than letting the first copy fault each page (the figures: the performance
 # page of the manual, "Figures behind the code's choices").
 _MADV_POPULATE_WRITE = 23
+_MADV_POPULATE_READ = 22  # for blocks whose pages exist: see populate()
 
 _PROTECTION = mmap.PROT_READ | mmap.PROT_WRITE
 
@@ -120,16 +121,22 @@ def _unmap(address: int, size: int, descriptor: int) -> None:
 
 
 def populate(mapping: Mapping) -> None:
-    """Fault in the page tables of a mapping this process inherited (a forked worker's view of a
-    handed block): one call instead of a fault per page at the first copy.  Best effort."""
-    _libc.madvise(mapping.address, mapping.size, _MADV_POPULATE_WRITE)
+    """Fill the page tables of a block whose pages exist already (a handed block, in the worker
+    it was handed to), so that the copies into it take no page faults.  Best effort.
+
+    Read faults, not write faults: the block is a shared mapping of tmpfs pages that exist, so
+    a read fault maps the page writable, and the kernel maps the neighbouring pages of a read
+    fault with it (fault-around, 16 pages by default); a write fault maps one page.  Measured:
+    the performance page of the manual, "Figures behind the code's choices".
+    """
+    _libc.madvise(mapping.address, mapping.size, _MADV_POPULATE_READ)
 
 
 def map_descriptor(descriptor: int, size: int) -> Mapping:
-    """Map the block open on ``descriptor`` (handed over by the main process), page tables filled
-    at once, and close the descriptor."""
+    """Map the block open on ``descriptor`` (handed over by the main process) and close the
+    descriptor.  The page tables are left for :func:`populate`."""
     try:
-        return _map(descriptor, size, populate=True)
+        return _map(descriptor, size, populate=False)
     finally:
         os.close(descriptor)
 

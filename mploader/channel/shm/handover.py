@@ -10,9 +10,12 @@ which fill them again instead of creating, faulting in and mapping new ones:
   epochs without persistent workers), within the shared-memory budget, and lets them go with
   the loader.
 * :class:`HandedBlock` is one block on its way to a worker, inside the worker's spec.  Under fork
-  the worker finds the main process's own mapping in its copy of memory (and fills its page
-  tables in one call); for spawn and forkserver the spec is pickled, and the block travels as a
-  descriptor handed to the child being started (``mploader.compat.cpython``), mapped there.
+  the worker finds the main process's own mapping in its copy of memory; for spawn and
+  forkserver the spec is pickled, and the block travels as a descriptor handed to the child
+  being started (``mploader.compat.cpython``), mapped there.  Either way the worker's page
+  tables for the block are empty (fork copies none for shared mappings): the worker's pool
+  fills them on a thread of its own while the first items are fetched, instead of holding up
+  the worker's start (``mploader.channel.shm.pool``).
 
 What is kept (the policy): a free block that carried a batch in the generation that ended, up to
 the budget, most recently used first.  A block that carried none (batches got smaller, or fewer
@@ -60,9 +63,9 @@ class HandedBlock:
                            cpython.descriptor_for_child(self.descriptor)))
 
     def map_in_worker(self) -> Mapping:
-        """The block mapped in this worker, its page tables filled."""
+        """The block mapped in this worker; its page tables are filled later, off the start-up
+        path (:func:`mploader.channel.shm.block.populate`, from the pool's thread)."""
         if self.mapping is not None:  # forked: the main process's mapping, in our copy of memory
-            shm_block.populate(self.mapping)
             return self.mapping
         return shm_block.map_descriptor(self.descriptor, self.size)
 
