@@ -4,7 +4,8 @@
 batches; underneath, its own iterator moves batches through pooled shared memory, gives each
 worker its own database session, and reports worker deaths by name and cause.
 
-The public face (importable from ``mploader``; README, "Layout", draws the layers):
+The public face (importable from ``mploader``; the manual's "Layout and layers" page,
+``docs/internals/layers.md``, draws the layers):
 
 * ``loader``: ``mploader.DataLoader``, torch's constructor with mploader's iterator underneath.
 * ``_install``: ``install()`` / ``uninstall()``, mploader's iterator in every torch DataLoader.

@@ -21,11 +21,11 @@ the exiting thread runs what is queued and every call whose object is still aliv
 lock file go at exit as they do when it is collected.  In a forked child, the parent's pending
 calls and handles are dropped: they are the parent's to run.
 
-Finalizers outside this module, each doing only atomic steps (see the README, "Locks"): a
-shared-memory lease's (``channel/shm/channel.py``: set and deque operations only; the release is
-appended to a deque the iterator drains), a block mapping's (``munmap``), the zygote
-process handle's ``__del__`` (``close`` of its own fd) and the publisher's weakref callback (a
-list append).
+Finalizers outside this module, each doing only atomic steps (the manual's
+``docs/internals/locks.md``): a shared-memory lease's (``channel/shm/channel.py``: set and
+deque operations only; the release is appended to a deque the iterator drains), a block
+mapping's (``munmap``), the zygote process handle's ``__del__`` (``close`` of its own fd) and
+the publisher's weakref callback (a list append).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Imports run one way through the package's layers (see README, "Layout").
+"""Imports run one way through the package's layers (see the manual, docs/internals/layers.md).
 
 iterator -> process -> worker -> channel; ``compat`` (the seam to torch's and CPython's private
 API), ``config``, ``errors``, ``finalizers`` and ``polling`` are leaves;

@@ -1,10 +1,10 @@
-"""The README's list of locks and direct finalizers stays true (issue 22).
+"""The manual's list of locks and direct finalizers stays true (issue 22).
 
 Every lock the code makes (a ``threading`` lock or condition, a file lock, a thread pool and the
-locks inside it) has a row in the "Locks, finalizers and signal handlers" table, by module and
+locks inside it) has a row in the table of ``docs/internals/locks.md``, by module and
 name, and every row names a lock the code still makes.  A module that registers a finalizer run
 where the collector runs (``weakref.finalize``, ``__del__``, a weakref callback) is one of those
-the README lists as doing atomic steps only; any other goes through ``mploader.finalizers``.
+that page lists as doing atomic steps only; any other goes through ``mploader.finalizers``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ DIRECT_FINALIZER = re.compile(
 
 
 def _section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("### Locks, finalizers and signal handlers")
-    return readme[start:readme.index("\n## ", start)]
+    return (ROOT / "docs" / "internals" / "locks.md").read_text()
 
 
 def _modules_matching(pattern: re.Pattern[str]) -> set[str]:

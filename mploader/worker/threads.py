@@ -15,8 +15,8 @@ single-threaded::
 Only the loop thread reads the task pipe and touches the result channel's block pool (the reply
 thread of ``mploader.worker.replies`` makes large copies into acquired blocks and writes replies in
 order): the block pool is single-threaded, and next to a network wait encoding is short, so it is
-serialized on that thread rather than locked (see the README's worker_threads section for the
-measurement).
+serialized on that thread rather than locked (the measurement: the manual's
+``docs/guide/worker-threads.md``).
 
 A task under auto-collation is split into up to ``T`` contiguous parts of its indices (a
 ``__getitems__`` dataset only if it opts in with ``mploader_split_getitems = True``, see
