@@ -31,8 +31,9 @@ print(mploader.DataLoader.__name__, NebulaHooks.__name__, NebulaFeatureStore.__n
 
 def test_the_wheel_holds_the_loader_only(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside the code
+    # (not the virtual environments: a developer's .venv-torch-* hold gigabytes)
     shutil.copytree(REPOSITORY, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache"))
+        ".git", ".venv*", "build", "_build", "*.egg-info", "__pycache__", ".*_cache"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path), str(source)],
