@@ -98,6 +98,52 @@ def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method:
     assert _block_descriptors() == []  # the kept blocks went with the loader
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_the_last_batch_held_into_the_next_epoch_does_not_cost_a_block(start_method: str) -> None:
+    """``for batch in loader:`` holds each epoch's last batch until the next epoch's first one:
+    its block is busy when the epoch ends, and comes free only after the next generation has
+    started.  It must still come back to the pool (for the generation after), not be unmapped
+    and replaced by a new block every other epoch."""
+    loader = mploader.DataLoader(Blocks(8), batch_size=None, num_workers=1,
+                                 multiprocessing_context=start_method)
+    inodes_by_epoch = []
+    for _epoch in range(7):
+        inodes = set()
+        for index, batch in enumerate(loader):  # noqa: B007 (batch outlives the loop, on purpose)
+            assert torch.equal(batch, torch.full((ITEM_FLOATS,), float(index)))
+            inodes.add(_inode_of(batch.data_ptr()))
+        inodes_by_epoch.append(inodes)
+    settled = set().union(*inodes_by_epoch[:3])
+    later = set().union(*inodes_by_epoch[3:])
+    assert later <= settled, (later - settled, inodes_by_epoch)
+
+
+def test_a_held_block_that_a_forked_child_may_read_is_never_refilled() -> None:
+    """The last batch, held at the epoch's end, is then inherited by a child this process forks:
+    when our views go, the block must be retired (the child still reads it), not handed to the
+    next generation."""
+    loader = mploader.DataLoader(Blocks(4), batch_size=None, num_workers=1,
+                                 multiprocessing_context="fork")
+    for batch in loader:  # noqa: B007 (the last batch stays held, on purpose)
+        pass
+    held_inode = _inode_of(batch.data_ptr())
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child's result is its exit status)
+        os.close(writer)
+        os.read(reader, 1)  # until the parent has run two more epochs
+        os._exit(0 if torch.equal(batch, torch.full((ITEM_FLOATS,), 3.0)) else 1)
+    os.close(reader)
+    del batch
+    gc.collect()
+    later = _epoch_inodes(loader) | _epoch_inodes(loader)
+    os.write(writer, b"x")
+    os.close(writer)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's batch was overwritten"
+    assert held_inode not in later
+
+
 def test_a_batch_kept_across_the_epoch_boundary_is_not_refilled() -> None:
     loader = mploader.DataLoader(Blocks(6), batch_size=None, num_workers=1,
                                  multiprocessing_context="fork")

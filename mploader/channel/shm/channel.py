@@ -37,7 +37,13 @@ from mploader.channel.shm.block import Mapping, open_block
 from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.copier import Copier, copy_threads
 from mploader.channel.shm.errors import BlockVanishedError
-from mploader.channel.shm.handover import BlockKeeper, HandedBlock, KeptBlock, new_handed_id
+from mploader.channel.shm.handover import (
+    BlockKeeper,
+    HandedBlock,
+    Hold,
+    KeptBlock,
+    new_handed_id,
+)
 from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
 from mploader.channel.shm.names import (
     block_name,
@@ -58,6 +64,9 @@ _SEQUENCE_MASK = (1 << 32) - 1  # block_id = worker_pid << 32 | sequence
 # microseconds of the pipes, or another process of the loader really lives on).
 _DYING_MAIN_SECONDS = 0.25
 _CLAIM_RETRY_SECONDS = 0.005
+# When each block last carried a batch: one clock for the process, so that the keeper ranks
+# blocks of several of a loader's channels (generations) together.
+_USE_CLOCK = itertools.count(1)
 
 
 class WorkerChannel:
@@ -306,6 +315,8 @@ class _ReleaseRoute:
         self.live: set[tuple[int, int, int]] = set()  # (worker pid, block id, generation)
         self.inherited: set[tuple[int, int, int]] = set()  # live at a fork
         self.retiring: set[tuple[int, int]] = set()  # (worker pid, block id): never kept
+        # Leases live when the channel closed, whose blocks were kept with a hold.
+        self.holds: dict[tuple[int, int, int], Hold] = {}
         _routes.add(self)
 
     def leased(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
@@ -339,6 +350,20 @@ class _ReleaseRoute:
             self.retiring.add((incarnation.worker_pid, block_id))
         self._queue(incarnation, BlockRelease(incarnation.worker_id, block_id, generation,
                                               retire=inherited))
+        hold = self.holds.pop(key, None)  # last: after ``retiring`` has its say
+        if hold is not None:
+            hold.state = Hold.RETIRED if inherited else Hold.RELEASED
+
+    def hold(self, key: tuple[int, int, int]) -> Hold:
+        """A hold on the block of the live lease ``key`` (with ``lock`` held), which its
+        finalizer will settle.  If the lease ended meanwhile (its finalizer found no hold to
+        settle), it is settled here from what that finalizer left."""
+        hold = Hold()
+        self.holds[key] = hold
+        if key not in self.live:
+            worker_pid, block_id, _ = key
+            hold.state = Hold.RETIRED if (worker_pid, block_id) in self.retiring else Hold.RELEASED
+        return hold
 
     def hand_back(self, incarnation: _WorkerIncarnation, block_id: int, generation: int) -> None:
         """A payload discarded without decoding: no lease was made, so none ends (and nothing
@@ -410,7 +435,6 @@ class MainChannel:
         self._spare: dict[int, list[KeptBlock]] = keeper.take() if keeper is not None else {}
         self._handed: dict[int, dict[int, Mapping]] = {}
         # When each block last carried a batch (a lease) in this channel: what close() keeps.
-        self._use_clock = itertools.count(1)
         self._last_used: weakref.WeakKeyDictionary[Mapping, int] = weakref.WeakKeyDictionary()
         self._lock = LoaderLock(loader_tag, create=True)  # "alive", for every sweeper
         self._route = _ReleaseRoute()
@@ -433,9 +457,12 @@ class MainChannel:
         generation's, or a dead one's replacement).  Call it just before starting that process."""
         with self._route.lock:
             spare = self._spare.pop(worker_id, [])
+            still_held = [kept for kept in spare if not kept.free and not kept.retired]
+            if still_held:  # for a later process of this worker id, or the keeper
+                self._spare[worker_id] = still_held
             handed = self._handed.setdefault(worker_id, {})
             blocks = []
-            for kept in spare:
+            for kept in (kept for kept in spare if kept.free):
                 block_id = new_handed_id()
                 handed[block_id] = kept.mapping
                 blocks.append(HandedBlock(block_id, kept.mapping.size, kept.mapping,
@@ -550,16 +577,24 @@ class MainChannel:
 
     def _spare_free_blocks(self, incarnation: _WorkerIncarnation,
                            retained: dict[int, Mapping]) -> None:
-        """An ended worker's blocks that no batch holds (no lease, none retained for a result
-        still to decode, none a forked child may read) become spare for its id: its
-        replacement's, or (through the keeper) the next generation's."""
+        """An ended worker's blocks become spare for its id: its replacement's, or (through the
+        keeper) the next generation's.  Not those retained for a result still to decode, nor
+        those a forked child may read; a block a batch still holds is spare with a hold."""
         pid = incarnation.worker_pid
-        busy = {block_id for worker_pid, block_id, _ in self._route.live if worker_pid == pid}
-        busy |= {block_id for worker_pid, block_id in self._route.retiring if worker_pid == pid}
+        # list(): one C call, so a finalizer (another thread's, or a collection's) that ends a
+        # lease cannot change the set while it is read
+        live = {block_id: (worker_pid, block_id, generation)
+                for worker_pid, block_id, generation in list(self._route.live)
+                if worker_pid == pid}
+        retiring = {block_id for worker_pid, block_id in list(self._route.retiring)
+                    if worker_pid == pid}
         spare = self._spare.setdefault(incarnation.worker_id, [])
         for block_id, mapping in incarnation.mappings.items():
-            if block_id not in busy and block_id not in retained:
-                spare.append(KeptBlock(mapping, self._last_used.get(mapping, 0)))
+            if block_id in retained or block_id in retiring:
+                continue
+            key = live.get(block_id)
+            hold = self._route.hold(key) if key is not None else None
+            spare.append(KeptBlock(mapping, self._last_used.get(mapping, 0), hold))
 
     def _keep_spare_blocks(self) -> None:
         """Closing: the spare blocks that carried a batch here go to the loader's keeper."""
@@ -567,14 +602,22 @@ class MainChannel:
             self._spare.clear()
             self._handed.clear()
             return
-        carried = {
-            worker_id: [KeptBlock(kept.mapping, self._last_used[kept.mapping])
-                        for kept in kept_list if kept.mapping in self._last_used]
-            for worker_id, kept_list in self._spare.items()
-        }
+        carried = {worker_id: [worth for worth in map(self._worth_keeping, kept_list)
+                               if worth is not None]
+                   for worker_id, kept_list in self._spare.items()}
         self._keeper.keep(carried, self._budget_bytes)
         self._spare.clear()
         self._handed.clear()
+
+    def _worth_keeping(self, kept: KeptBlock) -> KeptBlock | None:
+        """A spare block at close: kept if it carried a batch here, or was still held from an
+        earlier generation (not yet handed to any worker); let go if it carried none."""
+        if kept.retired:
+            return None
+        last_used = self._last_used.get(kept.mapping)
+        if last_used is not None:
+            return KeptBlock(kept.mapping, last_used, kept.hold)
+        return kept if kept.hold is not None else None
 
     # -- steps of decode ---------------------------------------------------------------------
 
@@ -630,7 +673,7 @@ class MainChannel:
                 f"and this result was not among those forget_worker() was told to keep"
             )
         lease = _Lease(mapping, used_bytes)
-        self._last_used[mapping] = next(self._use_clock)
+        self._last_used[mapping] = next(_USE_CLOCK)
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False

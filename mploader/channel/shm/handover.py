@@ -17,11 +17,13 @@ which fill them again instead of creating, faulting in and mapping new ones:
   fills them on a thread of its own while the first items are fetched, instead of holding up
   the worker's start (``mploader.channel.shm.pool``).
 
-What is kept (the policy): a free block that carried a batch in the generation that ended, up to
-the budget, most recently used first.  A block that carried none (batches got smaller, or fewer
+What is kept (the policy): a block that carried a batch in the generation that ended, up to the
+budget, most recently used first.  A block that carried none (batches got smaller, or fewer
 workers ran) is let go, so a loader whose batches shrink gives memory back within one epoch.  A
-block a batch still holds (the consumer kept it across the epoch boundary), or that a forked
-child of the main process may read, is never kept: it is unmapped when its last view goes.
+block a batch still holds (the consumer kept it across the epoch boundary: ``for batch in
+loader`` does so with every epoch's last batch) is kept with a :class:`Hold` and handed to no
+worker until its last view is gone; one that a forked child of the main process may read is
+never reused: it is unmapped when its last view goes.
 """
 
 from __future__ import annotations
@@ -74,12 +76,47 @@ def _arrived(block_id: int, size: int, descriptor: Any) -> HandedBlock:
     return HandedBlock(block_id, size, None, descriptor.detach())
 
 
+class Hold:
+    """A block a batch still held when its worker's generation ended.
+
+    ``for batch in loader:`` holds each epoch's last batch until the next epoch's first one
+    replaces it, so that batch's block is busy when its channel closes and comes free only after
+    the next generation started.  It is kept all the same, with a hold: the lease's finalizer
+    sets ``state`` (one attribute write, atomic under the GIL: finalizers take no lock) to
+    ``RELEASED`` when the last view dies, or ``RETIRED`` when a forked child may read the views
+    (such a block is never written again).  A held block is handed to no worker; a released one
+    goes to the next worker started (the generation after, or a replacement), a retired one is let
+    go.
+    """
+
+    __slots__ = ("state",)
+
+    HELD = "held"
+    RELEASED = "released"
+    RETIRED = "retired"
+
+    def __init__(self) -> None:
+        self.state = Hold.HELD
+
+
 @dataclass
 class KeptBlock:
-    """A free block between two workers, and when it last carried a batch."""
+    """A block between two workers, when it last carried a batch (a process-wide clock, so that
+    blocks of several generations rank together), and its hold if a batch still held it."""
 
     mapping: Mapping
     last_used: int
+    hold: Hold | None = None
+
+    @property
+    def free(self) -> bool:
+        """No batch holds it: it may be handed to a worker."""
+        return self.hold is None or self.hold.state == Hold.RELEASED
+
+    @property
+    def retired(self) -> bool:
+        """A forked child may read its batch: it must never be written again."""
+        return self.hold is not None and self.hold.state == Hold.RETIRED
 
 
 class BlockKeeper:
@@ -104,7 +141,8 @@ class BlockKeeper:
         if os.getpid() != self._pid:
             return  # a forked child's copy of the loader: the blocks are not its own
         ranked = sorted(((worker_id, kept) for worker_id, kept_list in blocks.items()
-                         for kept in kept_list), key=lambda pair: -pair[1].last_used)
+                         for kept in kept_list if not kept.retired),
+                        key=lambda pair: -pair[1].last_used)
         chosen: dict[int, list[KeptBlock]] = {}
         total = 0
         for worker_id, kept in ranked:
