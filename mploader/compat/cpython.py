@@ -16,6 +16,10 @@
   after the object header an ``int index`` and ``uint32_t state[624]``, read in place by the
   resume state's fingerprint (``mploader.worker.rng``).  :func:`random_words_reader` returns
   ``None`` where the type is too small to hold them; its caller also verifies it by drawing.
+* The warning of a fork in a process with more than one thread (3.12 and later: a
+  ``DeprecationWarning`` from ``os.fork``, which counts the process's threads, native ones
+  included).  :func:`forking_workers` keeps it to the forks that would have warned without
+  mploader's own threads (run on 3.12.1).
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ import ctypes
 import multiprocessing.context
 import multiprocessing.reduction
 import random
-from collections.abc import Callable
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _MT_WORDS = 624
@@ -60,3 +68,43 @@ def descriptor_for_child(descriptor: int) -> Any:
     zygote): ``multiprocessing.reduction.DupFd`` duplicates it for that child through the
     spawning ``Popen``; unpickled there, ``.detach()`` gives the child's descriptor."""
     return multiprocessing.reduction.DupFd(descriptor)  # type: ignore[attr-defined]
+
+
+# CPython 3.12's words (Modules/posixmodule.c, warn_about_fork_with_threads).
+_FORK_WITH_THREADS_WARNING = (r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may "
+                              r"lead to deadlocks in the child\.")
+OWN_THREAD_PREFIX = "mploader-"  # every thread mploader starts is named so
+
+
+@contextmanager
+def forking_workers() -> Iterator[None]:
+    """Around mploader's fork of its own workers: CPython 3.12+ warns of the fork only where it
+    would have warned without mploader's threads in this process.
+
+    mploader's threads of the main process (its finalizer thread, the ``top`` publisher) are
+    made to be forked over (``docs/internals/locks.md``): a warning they alone caused would be one
+    that torch's loader, forking from the same program, does not give.  Other threads, the
+    program's own or native ones (an OpenMP pool), make the fork as risky as it is for torch's
+    loader, and the warning stays.  ``warnings.catch_warnings`` changes the process's filters
+    for the length of the fork: a warning another thread issues in those milliseconds is
+    filtered as usual, except this one.
+    """
+    if sys.version_info < (3, 12) or _threads_but_ours() > 1:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_FORK_WITH_THREADS_WARNING,
+                                category=DeprecationWarning)
+        yield
+
+
+def _threads_but_ours() -> int:
+    """This process's threads (as the kernel counts them, as CPython does) but mploader's."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        threads = int(fields[17])  # field 20, num_threads; fields[0] is field 3
+    except (OSError, ValueError, IndexError):
+        threads = threading.active_count()
+    ours = sum(thread.name.startswith(OWN_THREAD_PREFIX) for thread in threading.enumerate())
+    return threads - ours

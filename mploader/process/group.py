@@ -253,7 +253,9 @@ class WorkerGroup:
     @staticmethod
     def _launch(handle: WorkerHandle, worker_ends: tuple[Connection, Connection]) -> None:
         try:
-            with forking_a_worker():  # not a child that could read the consumer's batches
+            # not a child that could read the consumer's batches; and no warning of a fork with
+            # threads that only mploader's own threads would cause (CPython 3.12+)
+            with forking_a_worker(), cpython.forking_workers():
                 handle.process.start()
             serialize_exit_polls(handle.process)
         except (TypeError, AttributeError, pickle.PicklingError):
