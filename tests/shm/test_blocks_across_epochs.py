@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,19 @@ def _block_descriptors() -> list[str]:
     return found
 
 
+def _wait_or_kill(pid: int, seconds: float) -> int:
+    """The child's wait status; killed (and the test failed) if it has not ended in time."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child {pid} did not end within {seconds} s")
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["", "restart"])
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method: str,
@@ -109,7 +123,7 @@ def test_the_last_batch_held_into_the_next_epoch_does_not_cost_a_block(start_met
     inodes_by_epoch = []
     for _epoch in range(7):
         inodes = set()
-        for index, batch in enumerate(loader):  # noqa: B007 (batch outlives the loop, on purpose)
+        for index, batch in enumerate(loader):
             assert torch.equal(batch, torch.full((ITEM_FLOATS,), float(index)))
             inodes.add(_inode_of(batch.data_ptr()))
         inodes_by_epoch.append(inodes)
@@ -127,19 +141,20 @@ def test_a_held_block_that_a_forked_child_may_read_is_never_refilled() -> None:
     for batch in loader:  # noqa: B007 (the last batch stays held, on purpose)
         pass
     held_inode = _inode_of(batch.data_ptr())
+    values = batch.numpy()  # the child reads with numpy: no torch op after forking from threads
     reader, writer = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover (the child's result is its exit status)
         os.close(writer)
         os.read(reader, 1)  # until the parent has run two more epochs
-        os._exit(0 if torch.equal(batch, torch.full((ITEM_FLOATS,), 3.0)) else 1)
+        os._exit(0 if bool((values == 3.0).all()) else 1)
     os.close(reader)
-    del batch
+    del batch, values
     gc.collect()
     later = _epoch_inodes(loader) | _epoch_inodes(loader)
     os.write(writer, b"x")
     os.close(writer)
-    _, status = os.waitpid(child, 0)
+    status = _wait_or_kill(child, seconds=30)
     assert os.waitstatus_to_exitcode(status) == 0, "the child's batch was overwritten"
     assert held_inode not in later
 
