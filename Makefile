@@ -31,9 +31,11 @@ test: lint
 # shared memory, the layer rules), on another torch in its own virtual environment:
 # `make compat TORCH=2.6.0`.  Other versions come from PyPI as CUDA builds (about 4 GB; they run
 # on the CPU); .ci/run runs this for the ends of the supported range.
+# `make compat TORCH=2.14.1 PYTHON=python3.12` runs them on another Python too (venv per pair).
 TORCH ?= 2.6.0
-COMPAT_VENV := .venv-torch-$(TORCH)
-COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_PYTHON_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+COMPAT_VENV = .venv-torch-$(TORCH)-py$(COMPAT_PYTHON_VERSION)
+COMPAT_PY = $(COMPAT_VENV)/bin/python
 COMPAT_TESTS := tests/parity tests/lifecycle tests/resume tests/shm tests/test_layers.py
 
 compat:
@@ -41,7 +43,7 @@ compat:
 	$(COMPAT_PY) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" \
 		2>/dev/null || $(COMPAT_PY) -m pip install --quiet torch==$(TORCH)
 	$(COMPAT_PY) -m pip install --quiet -e '.[test]'
-	$(COMPAT_PY) -c "import torch; print('torch', torch.__version__)"
+	$(COMPAT_PY) -c "import sys, torch; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 	$(COMPAT_PY) -m pytest -q $(COMPAT_TESTS)
 
 # The manual: docs/_build/html/index.html.  Warnings are errors (-W) and every cross-reference
