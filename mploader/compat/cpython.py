@@ -1,4 +1,4 @@
-"""CPython internals mploader relies on, each read in the 3.11 and 3.12 sources (run on 3.11).
+"""CPython internals mploader relies on, each read in the 3.11 and 3.12 sources and run on both.
 
 * multiprocessing's "spawning Popen" slot (``multiprocessing.context.set_spawning_popen``, 3.4
   and later): while it is set, objects that may only travel to a child being started (a ``Lock``,
