@@ -45,8 +45,10 @@ class SharedMemoryConfig:
 
     Attributes:
         budget_bytes: total bytes of blocks across all workers of one loader (each worker gets an
-            even share). ``None`` means a quarter of the ``/dev/shm`` tmpfs, at most 8 GiB. Over
-            budget a worker waits for the main process to release a block instead of growing.
+            even share). ``None`` means a quarter of the ``/dev/shm`` tmpfs, at most 8 GiB. When
+            every block is held by a batch (in flight, or kept by the consumer), a worker goes
+            over budget at once, with one ``RuntimeWarning``, rather than wait, and gives the
+            memory back as batches are dropped.
         inline_threshold: array leaves with fewer bytes travel inside the message instead of a
             block (default 16 KiB).
         min_block_bytes: the smallest block size class (a power of two, at least 4096; default
