@@ -24,8 +24,11 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# Three test processes on two cores (pytest-xdist; worksteal evens out the long fault-table
+# and finalizer tests): the suite's processes mostly wait on the processes they start, so three
+# keep both cores busy.  16.5 min serially, 8.6 min so (2026-11-28, docs/internals/testing.md).
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 3 --dist worksteal
 
 # The suites that depend most on torch's version (parity with torch, worker lifecycle, resume,
 # shared memory, the layer rules), on another torch in its own virtual environment:
