@@ -20,9 +20,9 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -30,7 +30,15 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 PACKAGE = REPOSITORY / "mploader"
 API_PAGE = REPOSITORY / "docs" / "reference" / "api.md"
 
-PUBLIC_MODULES = ("mploader", "mploader.integrations.nebula", "mploader.integrations.nebula.pyg")
+# The definitions of the public API and of a docstring of its own, shared with the manual's
+# extension (docs/_ext/api_completeness.py): one module, importable without Sphinx.
+sys.path.insert(0, str(REPOSITORY / "docs" / "_ext"))
+from mploader_public_api import (  # noqa: E402
+    PUBLIC_MODULES,
+    defining_module,
+    own_docstring,
+    public_members,
+)
 
 # Names in an __all__ that are another library's object, exported as is on purpose; the API page
 # documents each by hand (a ``py:class`` directive), since its docstring is that library's.
@@ -98,44 +106,6 @@ def public_module(name: str) -> ModuleType:
     if name.endswith(".pyg"):
         pytest.importorskip("torch_geometric")
     return importlib.import_module(name)
-
-
-def own_docstring(obj: Any) -> str:
-    """The docstring ``obj`` itself carries (a class's own, not its base's); ``""`` if none."""
-    if isinstance(obj, staticmethod | classmethod):
-        obj = obj.__func__
-    if inspect.isclass(obj):
-        doc = vars(obj).get("__doc__")
-    elif isinstance(obj, property):
-        doc = obj.__doc__ or (obj.fget.__doc__ if obj.fget else None)
-    else:
-        doc = getattr(inspect.unwrap(obj), "__doc__", None)
-    return doc.strip() if isinstance(doc, str) else ""
-
-
-MEMBER_DESCRIPTORS = (staticmethod, classmethod, property)
-
-
-def public_members(cls: type) -> dict[str, Any]:
-    """The methods and properties ``cls`` defines itself whose names do not start with ``_``
-    (fields and enum members are values, documented by the class)."""
-    return {
-        name: member for name, member in vars(cls).items()
-        if not name.startswith("_")
-        and (inspect.isfunction(member) or isinstance(member, MEMBER_DESCRIPTORS))
-    }
-
-
-def defining_module(package: str, name: str) -> str:
-    """The module the package's ``__init__`` imports ``name`` from (itself if it defines it)."""
-    source = importlib.import_module(package).__file__
-    assert source is not None
-    for node in ast.parse(Path(source).read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and any(
-            alias.name == name and alias.asname is None for alias in node.names
-        ):
-            return node.module
-    return package
 
 
 def attribute_docstring(module: str, name: str) -> str:

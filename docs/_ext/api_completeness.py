@@ -18,53 +18,24 @@ Two repairs of what autodoc shows, for the public surface only:
   ``_BatchInFetchThread``) is replaced by its own bases, and ``Generic[T]`` is left out.
 
 ``tests/test_docstrings.py`` checks the same for every name in the public ``__all__`` lists
-without building the manual.
+without building the manual; both take their definitions from ``mploader_public_api.py``.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
 import inspect
 import typing
-from pathlib import Path
 from typing import Any
 
+from mploader_public_api import PUBLIC_MODULES, defining_module, own_docstring, public_members
 from sphinx.application import Sphinx
 from sphinx.errors import PycodeError
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
-
-PUBLIC_MODULES = ("mploader", "mploader.integrations.nebula", "mploader.integrations.nebula.pyg")
-
-
-def own_docstring(obj: Any) -> str:
-    """The docstring ``obj`` carries itself (a class's own, not its base's); ``""`` if none."""
-    if isinstance(obj, staticmethod | classmethod):
-        obj = obj.__func__
-    if inspect.isclass(obj):
-        doc = vars(obj).get("__doc__")
-    elif isinstance(obj, property):
-        doc = obj.__doc__ or (obj.fget.__doc__ if obj.fget else None)
-    else:
-        doc = getattr(inspect.unwrap(obj), "__doc__", None)
-    return doc.strip() if isinstance(doc, str) else ""
-
-
-MEMBER_DESCRIPTORS = (staticmethod, classmethod, property)
-
-
-def public_members(cls: type) -> dict[str, Any]:
-    """The methods and properties ``cls`` defines itself whose names do not start with ``_``."""
-    return {
-        name: member for name, member in vars(cls).items()
-        if not name.startswith("_")
-        and (inspect.isfunction(member) or isinstance(member, MEMBER_DESCRIPTORS))
-    }
-
 
 @functools.cache
 def public_classes() -> frozenset[type]:
@@ -78,19 +49,6 @@ def public_classes() -> frozenset[type]:
         found |= {obj for name in module.__all__
                   if inspect.isclass(obj := getattr(module, name))}
     return frozenset(found)
-
-
-def defining_module(package: str, name: str) -> str:
-    """The module ``package``'s ``__init__`` imports ``name`` from (``package`` if none)."""
-    source = getattr(importlib.import_module(package), "__file__", None)
-    if source is None:
-        return package
-    for node in ast.parse(Path(source).read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and any(
-            alias.name == name and alias.asname is None for alias in node.names
-        ):
-            return node.module
-    return package
 
 
 def attribute_docstring(module: str, name: str) -> list[str]:
