@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mploader
 from mploader.integrations.nebula import NebulaHooks
 from nebula_testing import citation
+from nebula_testing.nebula_admin import AdminSession
 from nebula_testing.nebula_events import EventLog
 from nebula_testing.nebula_process import start_server_process
 
@@ -120,23 +121,12 @@ class LoginKiller:
         os.kill(pid, signal.SIGKILL)
 
 
-class Lister:
-    """A plain nebula3 session: what graphd lists (itself left out), sampled meanwhile."""
+class Lister(AdminSession):
+    """What graphd lists (this session left out), sampled meanwhile."""
 
     def __init__(self, address: str) -> None:
-        from nebula3.Config import Config
-        from nebula3.gclient.net import ConnectionPool
-
-        host, port = address.rsplit(":", 1)
-        self.pool = ConnectionPool()
-        self.pool.init([(host, int(port))], Config())
-        self.session = self.pool.get_session("root", "nebula")
+        super().__init__(address)
         self.high_water = 0
-
-    def others(self) -> set[int]:
-        result = self.session.execute("SHOW SESSIONS")
-        listed = {value.as_int() for value in result.column_values("SessionId")}
-        return listed - {self.session._session_id}
 
     @contextlib.contextmanager
     def watch(self) -> Any:
@@ -158,10 +148,6 @@ class Lister:
     def end(self, sessions: set[int]) -> None:
         for session_id in sessions:
             self.session.execute(f"KILL SESSION {session_id}")
-
-    def close(self) -> None:
-        self.session.release()
-        self.pool.close()
 
 
 def where_it_landed(log: EventLog, since: float) -> str:

@@ -4,6 +4,8 @@
 * :mod:`nebula_testing.nebula_process`: ``start_server_process`` / ``NebulaServerProcess``
   (runs the server as a subprocess; no nebula3 import).
 * :mod:`nebula_testing.nebula_server`: the server itself (needs ``nebula3-python``).
+* :mod:`nebula_testing.nebula_admin`: ``AdminSession`` / ``session_ids``, the sessions graphd
+  lists (for tests and benchmarks; needs ``nebula3-python``).
 
 Only the light modules are imported here; the server is imported when run.
 """

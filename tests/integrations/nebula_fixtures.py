@@ -11,7 +11,6 @@ to propagate (graphd learns new schema on meta heartbeats).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -96,34 +95,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
-
-
-def session_ids(admin_session: Any) -> set[int]:
-    """The session ids ``SHOW SESSIONS`` lists."""
-    result = admin_session.execute("SHOW SESSIONS")
-    assert result.is_succeeded(), result.error_msg()
-    return {value.as_int() for value in result.column_values("SessionId")}
-
-
-class AdminSession:
-    """A plain nebula3 session at ``address``: what graphd lists, this one left out."""
-
-    def __init__(self, address: str) -> None:
-        from nebula3.Config import Config
-        from nebula3.gclient.net import ConnectionPool
-
-        host, port = address.rsplit(":", 1)
-        self.pool = ConnectionPool()
-        self.pool.init([(host, int(port))], Config())
-        self.session = self.pool.get_session("root", "nebula")
-
-    def others(self) -> set[int]:
-        return session_ids(self.session) - {self.session._session_id}
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.session.release()
-        self.pool.close()
 
 
 @pytest.fixture(scope="session")

@@ -31,9 +31,10 @@ from mploader.integrations.nebula.budget import (
 )
 from mploader.integrations.nebula.logins import LOGIN_WINDOW_SECONDS, sweep_stale_sessions
 from nebula_testing import citation
+from nebula_testing.nebula_admin import AdminSession, session_ids
 from nebula_testing.nebula_events import Event, EventLog
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import AdminSession, NebulaTarget, session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,8 @@ import torch
 
 import mploader
 from mploader.integrations.nebula import NebulaAuthError, NebulaConnectionError
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from nebula_testing.nebula_admin import session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 from .loader_datasets import FetchFeatures, YieldThroughInheritedSession, YieldThroughWorkerSession
 

@@ -27,7 +27,8 @@ from mploader.worker.hooks import (
     worker_session,
 )
 from mploader.worker.info import make_worker_info
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from nebula_testing.nebula_admin import session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 FORK = multiprocessing.get_context("fork")
 HAMMER_SECONDS = 0.5  # long enough that both children surely run at the same time

@@ -33,7 +33,8 @@ from mploader.worker.hooks import (
 )
 from mploader.worker.info import make_worker_info
 from nebula_testing import citation, start_server_process
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from nebula_testing.nebula_admin import session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 INFO = make_worker_info(0, 1, 0, None)
 

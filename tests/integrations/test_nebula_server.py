@@ -17,7 +17,8 @@ from nebula3.gclient.net import ConnectionPool
 
 from mploader.integrations.nebula import decode_features, encode_features
 from nebula_testing import citation
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from nebula_testing.nebula_admin import session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 
 def _pool(target: NebulaTarget) -> ConnectionPool:

@@ -42,8 +42,9 @@ from mploader.integrations.nebula.pyg import (
 from mploader.integrations.nebula.pyg.schema import EdgeType
 from mploader.integrations.nebula.statements import split_id_statements
 from nebula_testing import citation
+from nebula_testing.nebula_admin import session_ids
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -37,13 +37,9 @@ from mploader.integrations.nebula import (
 )
 from mploader.integrations.nebula.budget import HostSessionBudget
 from nebula_testing import citation
+from nebula_testing.nebula_admin import AdminSession, session_ids
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import (
-    AdminSession,
-    NebulaTarget,
-    session_ids,
-    wait_for,
-)
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 from .loader_datasets import FetchAll, KillOnceAt, QueryThenSleep, YieldPerFetchThread
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import mploader
-from tests.integrations.nebula_fixtures import NebulaTarget, session_ids, wait_for
+from nebula_testing.nebula_admin import session_ids
+from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
 
 from .loader_datasets import FetchFeatures, YieldPerFetchThread
 
