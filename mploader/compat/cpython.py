@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
+
 _MT_WORDS = 624
 
 
@@ -101,10 +103,8 @@ def forking_workers() -> Iterator[None]:
 def _threads_but_ours() -> int:
     """This process's threads (as the kernel counts them, as CPython does) but mploader's."""
     try:
-        with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        threads = int(fields[17])  # field 20, num_threads; fields[0] is field 3
-    except (OSError, ValueError, IndexError):
+        threads = psutil.Process().num_threads()  # the kernel's count, as CPython reads it
+    except psutil.Error:
         threads = threading.active_count()
     ours = sum(thread.name.startswith(OWN_THREAD_PREFIX) for thread in threading.enumerate())
     return threads - ours
