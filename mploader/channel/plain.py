@@ -67,6 +67,12 @@ class PlainMainEnd:
     ) -> None:
         pass
 
+    def needs_sender(self, undelivered: Sequence[bytes]) -> bool:
+        return False  # everything is pickled by value
+
+    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
+        pass
+
     def handed_blocks(self, worker_id: int) -> tuple[Any, ...]:
         return ()
 

@@ -110,6 +110,16 @@ class MainEnd(Protocol):
         the ``undelivered`` payloads received from it (still to decode or discard) need."""
         ...
 
+    def needs_sender(self, undelivered: Sequence[bytes]) -> bool:
+        """Whether some of the ``undelivered`` payloads can only be decoded while the worker that
+        sent them lives (they hold what it shares rather than sends: torch's storages)."""
+        ...
+
+    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
+        """``worker_id`` is about to be asked to stop while ``undelivered`` payloads received
+        from it still wait to be decoded: take hold of what they need from the worker now."""
+        ...
+
     def take_releases(self) -> list[BlockRelease]:
         """The blocks released since the last call, for the caller to send to their workers.
         Releases travel up as data: the channel never calls the layer above."""

@@ -9,7 +9,10 @@ arrives, and what is refused with which error, is what torch's DataLoader gives:
 
 * the shared-memory channel pickles them with ``ForkingPickler`` and torch's reductions
   (``torch.multiprocessing.reductions``), as torch's worker result queue does: their storages go
-  through torch's shared memory;
+  through torch's shared memory, which the main process fetches *from the worker* while
+  unpickling (a file descriptor passed by the worker's ``resource_sharer`` thread, or a name the
+  worker's reference keeps alive), so such a message needs its worker alive until it is decoded
+  (:func:`sharing_reductions_used` tells the encoder);
 * the plain channel pickles them by value (it exists to avoid shared memory), refusing what
   torch's reductions refuse, with torch's error.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
+import threading
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -96,12 +100,44 @@ def by_value_dispatch_table() -> dict[type, Any]:
     return table
 
 
+# Set on the pickling thread when a sharing reduction ran (see _SharingReduction).
+_sharing = threading.local()
+
+
+class _SharingReduction:
+    """A reduction that shares instead of copying (multiprocessing's and torch's, registered
+    with ``ForkingPickler``: storages, file descriptors, connections): the receiver takes the
+    object from the sending process while unpickling.  Calling it notes that on this thread."""
+
+    def __init__(self, reduce: Callable[[Any], Any]) -> None:
+        self._reduce = reduce
+
+    def __call__(self, obj: Any) -> Any:
+        _sharing.used = True
+        return self._reduce(obj)
+
+
+def start_noting_sharing() -> None:
+    """Forget earlier sharing reductions on this thread (before pickling a message)."""
+    _sharing.used = False
+
+
+def sharing_reductions_used() -> bool:
+    """Whether a sharing reduction of :func:`torch_worker_dispatch_table` ran on this thread
+    since :func:`start_noting_sharing`: the message needs its sender alive to be unpickled."""
+    return bool(getattr(_sharing, "used", False))
+
+
 def torch_worker_dispatch_table() -> dict[type, Any]:
     """``ForkingPickler``'s table (copyreg's, multiprocessing's and torch's reductions), tensors
-    through :func:`reduce_as_torch_workers_do`: what torch's worker result queue pickles with."""
+    through :func:`reduce_as_torch_workers_do`: what torch's worker result queue pickles with.
+    Every entry that is not copyreg's (those pickle by value) notes that it shares."""
     table = _tables.get("torch_worker")
     if table is None:
         table = dict(ForkingPickler(io.BytesIO()).dispatch_table)  # the merge it makes per use
         table.update(tensor_reducers(reduce_as_torch_workers_do))
+        for cls, reduce in table.items():
+            if copyreg.dispatch_table.get(cls) is not reduce:
+                table[cls] = _SharingReduction(reduce)
         _tables["torch_worker"] = table
     return table

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Iterable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -75,6 +76,7 @@ class MultiProcessIterator(BaseIterator):
         self._in_order = settings.in_order
         self._tag = new_loader_tag()
         self._shutdown = False
+        self._all_drawn = False  # the sampler ran out this epoch: no task will be dispatched
         self._urgency = [False]  # shared with the finalizer: stop without waiting for tasks
         self._pinning: ThreadPoolExecutor | None = None
         if settings.shared_memory is not None:
@@ -131,6 +133,7 @@ class MultiProcessIterator(BaseIterator):
             self._raise_as_torch_timeout(error)
             raise
         self._monitor.workers_started(self._group.worker_pids(), launched_at)
+        self._let_go_when_done(range(self._num_workers))  # an epoch shorter than the pipeline
         publisher.register(self)  # for `python -m mploader top`, until shutdown
         if self._resume_plan is not None and self._resume_plan.replay:
             self._replay(self._resume_plan.replay)
@@ -190,6 +193,7 @@ class MultiProcessIterator(BaseIterator):
     # -- epochs ----------------------------------------------------------------------------------
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._all_drawn = False
         for entry in self._begin_epoch(loader, first_iter):
             self._discard_entry(entry)
         if not first_iter:
@@ -219,6 +223,9 @@ class MultiProcessIterator(BaseIterator):
         try:
             indices = self._draw_task()
         except StopIteration:
+            # Not letting workers go here: _deliver calls this with a result taken from the
+            # table and not yet decoded (its block still to be mapped).  _next_batch does.
+            self._all_drawn = True
             return
         worker_id = self._choose_worker()
         if worker_id is None:
@@ -236,6 +243,45 @@ class MultiProcessIterator(BaseIterator):
         when the tracker needs it (``snapshot_every_n_steps``)."""
         record = self._tracker is not None and self._tracker.records(task_id)
         return Task(self._table.iterator_epoch, task_id, indices, record)
+
+    def _let_go_when_done(self, worker_ids: Iterable[int]) -> None:
+        """Without persistent workers, ask each of ``worker_ids`` whose part of the epoch is
+        done to stop now: every task is drawn (or its iterable dataset ran out, where torch
+        too tells the worker to stop) and its results have all arrived.  It exits while the
+        consumer still works on the epoch's last batches, instead of at the epoch's end (a
+        worker that mapped hundreds of MB takes tens of milliseconds to be torn down); the
+        epoch's shutdown then finds it gone, or waits for it like for the others."""
+        if self._persistent_workers:
+            return
+        for worker_id in worker_ids:
+            done = self._all_drawn or worker_id in self._table.exhausted
+            handle = self._group.handles[worker_id]
+            if (not done or handle.stop_sent or handle.ended
+                    or self._table.pending_count(worker_id) != 0):
+                continue
+            undelivered = self._undecoded_of(worker_id)
+            if undelivered is None or self._channel.needs_sender(undelivered):
+                continue  # asked again once those are decoded
+            self._channel.map_undelivered(worker_id, undelivered)
+            self._group.stop_worker(worker_id)
+
+    def _undecoded_of(self, worker_id: int) -> list[bytes] | None:
+        """Like :meth:`_undelivered_of` without waiting: None while the pinning thread still
+        decodes some of ``worker_id``'s results."""
+        undecoded = []
+        for entry in self._table.arrived_of(worker_id):
+            arrived: _Arrived = entry.result
+            if arrived.pinned is not None:
+                if not arrived.pinned.done():
+                    return None
+            elif arrived.payload is not None:
+                undecoded.append(arrived.payload)
+        return undecoded
+
+    def _tail_of_epoch(self) -> bool:
+        """Every task is drawn and some worker has yet to be let go (non-persistent only)."""
+        return (self._all_drawn and not self._persistent_workers
+                and not all(handle.stop_sent for handle in self._group.handles))
 
     def _choose_worker(self) -> int | None:
         exhausted = self._table.exhausted
@@ -276,6 +322,11 @@ class MultiProcessIterator(BaseIterator):
     def _next_batch(self) -> Any:
         deadline = self._new_deadline()
         while True:
+            if self._tail_of_epoch():  # let workers go as soon as their results are here
+                arrived = self._group.wait(0)
+                with self._lock:
+                    self._deferred.extend(arrived)
+                    self._let_go_when_done(range(self._num_workers))
             with self._lock:
                 if self._deferred:  # read by stats() in another thread
                     deadline = self._new_deadline()
@@ -339,6 +390,7 @@ class MultiProcessIterator(BaseIterator):
         if entry is None:
             self._discard(message.worker_id, payload)
             return
+        self._let_go_when_done((message.worker_id,))
         self._monitor.arrived(entry.task_id, entry.worker_id, entry.dispatch_number,
                               message.timings)
         if self._pinning is not None and message.error is None and payload is not None:
@@ -350,14 +402,18 @@ class MultiProcessIterator(BaseIterator):
             snapshot = self._tracker.arrived_from(message.worker_id, message.state)
         self._table.worker_exhausted(message.worker_id, snapshot)  # it ignores its other tasks
         self._dispatch_one()
+        self._let_go_when_done((message.worker_id,))
 
     def _on_worker_end(self, worker_id: int) -> None:
         handle = self._group.handles[worker_id]
         self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
+        finished = (worker_id in self._table.exhausted or handle.stop_sent) and not held
+        if finished and handle.process.exitcode == 0:
+            return  # its part of the epoch was over, and its hooks closed what they held
         _tell_hooks_worker_died(self._loader_settings.worker_hooks, worker_id, handle.pid)
-        if worker_id in self._table.exhausted and not held:
-            return  # its part of the epoch was over; nothing is lost
+        if finished:
+            return  # nothing of the epoch is lost
         error = worker_died_error(
             worker_id=worker_id,
             pid=handle.pid,

@@ -76,6 +76,7 @@ class WorkerHandle:
     pid: int | None = None
     reader_open: bool = True
     ended: bool = False  # the process is gone and has been reaped
+    stop_sent: bool = False  # asked to stop: it is sent nothing more
     # Whether the result pipe has more to read (every result asks twice: mploader.polling).
     readable: Poller = dataclasses.field(init=False)
 
@@ -293,7 +294,9 @@ class WorkerGroup:
         self.waiter.watch_writable(handle.writer.fd, handle.writer.has_pending)
 
     def send_releases(self, releases: list[BlockRelease]) -> None:
-        """Hand blocks the main process let go of back to their workers, one message each."""
+        """Hand blocks the main process let go of back to their workers, one message each (not
+        to a worker asked to stop: it fills no block any more, and the channel keeps the block
+        when the worker has ended)."""
         if not releases or self.closed:
             return
         by_worker: dict[int, Release] = {}
@@ -301,8 +304,19 @@ class WorkerGroup:
             release = by_worker.setdefault(worker_id, Release([]))
             (release.retired if retire else release.blocks).append((block_id, generation))
         for worker_id, release in by_worker.items():
-            if not self.handles[worker_id].ended:
+            handle = self.handles[worker_id]
+            if not handle.ended and not handle.stop_sent:
                 self.send(worker_id, release)
+
+    def stop_worker(self, worker_id: int) -> None:
+        """Ask one worker to stop now (its part of the epoch is done: the iterator's word); its
+        end arrives as an ``Event`` like any other, and shutdown waits for it like the rest."""
+        handle = self.handles[worker_id]
+        if self.closed or handle.ended or handle.stop_sent or handle.pid is None:
+            return
+        handle.state = WorkerState.STOPPING
+        self.send(worker_id, Stop())
+        handle.stop_sent = True
 
     def try_hold_wait(self) -> bool:
         """Hold off other waiters (``stats()`` reading the pipes); False if one is waiting."""
@@ -353,7 +367,7 @@ class WorkerGroup:
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
         """A worker's lifecycle follows from what it said: it is ready."""
-        if isinstance(message, WorkerReady):
+        if isinstance(message, WorkerReady) and not handle.stop_sent:
             handle.state = WorkerState.IDLE
 
     def _close_reader(self, handle: WorkerHandle) -> None:
@@ -412,7 +426,9 @@ class WorkerGroup:
             for handle in self.handles:
                 if not handle.ended:
                     handle.state = WorkerState.STOPPING
-                    handle.writer.send(Stop())
+                    if not handle.stop_sent:
+                        handle.stop_sent = True
+                        handle.writer.send(Stop())
                     handle.writer.flush()
             deadline = URGENT_DEADLINE_SECONDS if urgent else SHUTDOWN_DEADLINE_SECONDS
             self._wait_for_exits(deadline, drained)

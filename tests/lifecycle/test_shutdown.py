@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 import mploader
 
@@ -188,3 +190,79 @@ def test_fork_workers_collecting_an_inherited_iterator_close_nothing_of_theirs()
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(list(range(6)))
     assert "Bad file descriptor" not in result.stderr, result.stderr
+
+
+def test_a_worker_with_nothing_left_to_do_is_let_go_before_the_epoch_ends(start_method):
+    """Without persistent workers, a worker whose part of the epoch is done (every task drawn
+    from the sampler and all its results received) is asked to stop at once, while the consumer
+    still works on the last batches: its exit (tearing down a process that mapped hundreds of MB
+    takes tens of milliseconds) no longer delays the epoch's end.  Its batches are all still
+    delivered, and the epoch ends as usual."""
+    loader = mploader.DataLoader(list(range(6)), batch_size=None, num_workers=1,
+                                 multiprocessing_context=start_method)
+    iterator = iter(loader)
+    pids = [process.pid for process in iterator._workers]
+    received = [next(iterator) for _ in range(6)]  # not the seventh call, which ends the epoch
+    try:
+        assert wait_until_gone(pids, seconds=5) == [], "the worker waits for the epoch's end"
+    finally:
+        iterator._shutdown_workers()  # a failure leaves no worker to the next test
+    assert [int(value) for value in received] == list(range(6))
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert [int(value) for value in loader] == list(range(6))  # the next epoch, new workers
+
+
+def test_a_worker_whose_iterable_ran_out_is_let_go_before_the_epoch_ends():
+    """As torch does: a worker whose iterable dataset ran out is told to stop while the others
+    go on (worker 0 has no items here, worker 1 has six)."""
+    loader = mploader.DataLoader(SecondWorkerOnly(6), batch_size=None, num_workers=2,
+                                 multiprocessing_context="fork")
+    iterator = iter(loader)
+    first_pid = iterator._workers[0].pid
+    received = [next(iterator) for _ in range(6)]
+    try:
+        assert wait_until_gone([first_pid], seconds=5) == [], "worker 0 waits for the end"
+    finally:
+        iterator._shutdown_workers()
+    assert [int(value) for value in received] == list(range(6))
+
+
+class SecondWorkerOnly(torch.utils.data.IterableDataset):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        return iter(range(self.length) if info is not None and info.id == 1 else ())
+
+
+def test_a_worker_whose_undelivered_batches_it_shares_is_let_go_only_once_they_are_decoded():
+    """A batch holding tensors that are not plain (a sparse one here) travels as torch's workers
+    send it: its storages are shared, and unpickling it takes their file descriptors from the
+    worker (its ``resource_sharer`` thread).  A worker let go early would take them with it
+    (``ConnectionResetError`` at the batch's delivery), so it is let go only once every batch of
+    it that shares is decoded.  Each worker's last batch waits here for a second while the
+    other's is delivered: time enough for a worker asked to stop to be gone."""
+    loader = mploader.DataLoader(SparseItems(4), batch_size=None, num_workers=2,
+                                 multiprocessing_context="fork", shared_memory=True)
+    iterator = iter(loader)
+    received = [next(iterator)]
+    try:
+        for _ in range(3):  # the loader has every result before the second call
+            time.sleep(1.0)
+            received.append(next(iterator))
+    finally:
+        iterator._shutdown_workers()
+    assert [int(value.to_dense()[0, 0]) for value in received] == list(range(4))
+
+
+class SparseItems(torch.utils.data.Dataset):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return (torch.eye(3) * index).to_sparse()

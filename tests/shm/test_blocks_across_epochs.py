@@ -180,3 +180,30 @@ def test_a_loader_still_pickles_and_copies() -> None:
     for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
         assert clone._block_keeper.kept_bytes == 0
         assert _epoch_inodes(clone)
+
+
+class SlowFirstWorker(Blocks):
+    """``Blocks`` whose worker 0 is slow: worker 1 runs ahead, and its results wait in the task
+    table for worker 0's (in order) while worker 1 has nothing left to do."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 0:
+            time.sleep(0.05)
+        return super().__getitem__(index)
+
+
+def test_blocks_of_results_a_finished_worker_left_undelivered_come_back() -> None:
+    """A worker can end while results of it still wait to be delivered (let go when its part of
+    the epoch was done, or crashed and replaced): those results' blocks stay mapped until they
+    are delivered, then go back to the pool like any other, not unmapped and made anew by the
+    next generation."""
+    loader = mploader.DataLoader(SlowFirstWorker(12), batch_size=None, num_workers=2,
+                                 multiprocessing_context="fork")
+    inodes_by_epoch = [_epoch_inodes(loader) for _epoch in range(6)]
+    # Losing them makes one new block in every epoch after the first.  Kept blocks stay with
+    # their worker id, so a worker that ran further ahead than ever before (a loaded machine)
+    # may make one more now and then: at most two of the five epochs may bring one.
+    bringing_new = [epoch for epoch in range(1, 6)
+                    if inodes_by_epoch[epoch] - set().union(*inodes_by_epoch[:epoch])]
+    assert len(bringing_new) <= 2, (bringing_new, inodes_by_epoch)

@@ -145,6 +145,21 @@ def test_fallback_leaves_are_pickled_whole(loop):
     assert received[4][0] == {"a": 1}
 
 
+@pytest.mark.parametrize(("batch", "shares"), [
+    ([torch.zeros(2), torch.zeros(1_000_000), np.array(["a"]), 3.5j], False),
+    ({"labels": torch.arange(3), "adjacency": torch.eye(3).to_sparse()}, True),
+    ([torch.nn.Parameter(torch.ones(3))], True),
+    ([torch.ones(3, requires_grad=True)], True),
+], ids=["plain-leaves-and-by-value", "sparse", "parameter", "requires-grad"])
+def test_a_payload_says_whether_its_sender_must_live_to_decode_it(loop, batch, shares):
+    """Tensors that are not plain are pickled by torch's sharing reductions (their storages are
+    taken from the worker while unpickling); the envelope says so, and only then."""
+    payload = loop.worker.encode(batch)
+    assert loop.main.needs_sender([payload]) is shares
+    assert loop.main.needs_sender([loop.worker.encode([torch.zeros(2)])]) is False  # per message
+    loop.main.decode(0, payload)
+
+
 def test_repeated_leaf_comes_back_as_one_object(loop):
     shared = torch.arange(100_000)
     small = torch.arange(3)

@@ -218,9 +218,8 @@ class WorkerChannel:
         self._inline_leaves += encoder.inline_leaves
         self._block_leaves += encoder.block_leaves
         self._messages += 1
-        envelope = encode_envelope(
-            self._worker_pid, block_ref, self._pool.take_retired(), self._statistics_values()
-        )
+        envelope = encode_envelope(self._worker_pid, block_ref, self._pool.take_retired(),
+                                   self._statistics_values(), encoder.needs_sender)
         if block is None:
             return ReadyPayload(envelope + body)
         return _BlockPayload(envelope + body, encoder, block, self._copier, self._unfilled)
@@ -474,7 +473,7 @@ class MainChannel:
         self._check_open()
         self._decodes += 1
         decoder = LeafDecoder(payload)
-        _, worker_pid, block_ref, retired, statistics = decoder.envelope()
+        _, worker_pid, block_ref, retired, statistics, _ = decoder.envelope()
         incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
         base = None
         if block_ref is not None:
@@ -485,7 +484,7 @@ class MainChannel:
         """A payload that will not be delivered: hand its block back at once, without mapping it."""
         self._check_open()
         self._discards += 1
-        _, worker_pid, block_ref, retired, statistics = LeafDecoder(payload).envelope()
+        _, worker_pid, block_ref, retired, statistics, _ = LeafDecoder(payload).envelope()
         incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
         if block_ref is not None:
             block_id, generation = block_ref[0], block_ref[1]
@@ -493,6 +492,25 @@ class MainChannel:
                 self._route.hand_back(incarnation, block_id, generation)
             else:
                 self._settle_departed(incarnation, block_id)
+
+    def needs_sender(self, undelivered: Sequence[bytes]) -> bool:
+        """Whether a payload holds objects pickled by sharing reductions (torch's storages of
+        tensors that are not plain), which unpickling takes from the worker that sent them."""
+        return any(LeafDecoder(payload).envelope()[5] for payload in undelivered)
+
+    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
+        """``worker_id`` is about to be asked to stop while the ``undelivered`` payloads it sent
+        still wait to be decoded: map their blocks now, while their names exist (an ending
+        worker removes the names of the blocks the main process has not mapped)."""
+        for payload in undelivered:
+            _, worker_pid, block_ref, retired, statistics, _ = LeafDecoder(payload).envelope()
+            if block_ref is None:
+                continue
+            incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
+            block_id, _, block_size, _ = block_ref
+            mapping = incarnation.mappings.get(block_id)
+            if incarnation.alive and (mapping is None or mapping.size != block_size):
+                self._map(incarnation, block_id, block_size)
 
     def forget_worker(
         self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
@@ -556,7 +574,8 @@ class MainChannel:
         self._closed = True
         with self._route.lock:
             self._route.open = False
-            for incarnation in self._workers.values():
+            # Blocks of ended workers' results never decoded are free too.
+            for incarnation in [*self._workers.values(), *self._departed.values()]:
                 self._spare_free_blocks(incarnation, {})
             for incarnation in [*self._workers.values(), *self._departed.values()]:
                 incarnation.alive = False
@@ -658,15 +677,12 @@ class MainChannel:
         used_bytes: int,
     ) -> np.ndarray:
         """The ``uint8`` base array of this batch's views, released when its last view dies."""
+        # A departed worker's result: its block was mapped when the worker ended.
         mapping = incarnation.mappings.get(block_id)
-        if not incarnation.alive:  # a departed worker's result: its block was mapped when it ended
-            self._settle_departed(incarnation, block_id)
-        elif mapping is None or mapping.size != block_size:
-            name = self._block_name(incarnation, block_id)
-            mapping = open_block(name, block_size)
-            unlink_quietly(name)  # both sides hold it now; nothing can leak past our mapping
-            incarnation.mappings[block_id] = mapping
+        if incarnation.alive and (mapping is None or mapping.size != block_size):
+            mapping = self._map(incarnation, block_id, block_size)
         if mapping is None:
+            self._settle_departed(incarnation, block_id)
             raise BlockVanishedError(
                 f"shared-memory block {block_id & _SEQUENCE_MASK} of worker "
                 f"{incarnation.worker_id} (pid {incarnation.worker_pid}) is gone: the worker ended "
@@ -677,7 +693,18 @@ class MainChannel:
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
+        if not incarnation.alive:
+            self._settle_departed(incarnation, block_id,
+                                  lease_key=(incarnation.worker_pid, block_id, generation))
         return np.asarray(lease)
+
+    def _map(self, incarnation: _WorkerIncarnation, block_id: int, block_size: int) -> Mapping:
+        """Map a block of a live worker by its name, which goes once both sides map it."""
+        name = self._block_name(incarnation, block_id)
+        mapping = open_block(name, block_size)
+        unlink_quietly(name)  # both sides hold it now; nothing can leak past our mapping
+        incarnation.mappings[block_id] = mapping
+        return mapping
 
     def _retain(
         self, incarnation: _WorkerIncarnation, undelivered: Sequence[bytes]
@@ -686,7 +713,7 @@ class MainChannel:
         (while the worker's names still exist)."""
         kept: dict[int, Mapping] = {}
         for payload in undelivered:
-            _, worker_pid, block_ref, _, _ = LeafDecoder(payload).envelope()
+            _, worker_pid, block_ref, _, _, _ = LeafDecoder(payload).envelope()
             if block_ref is None or worker_pid != incarnation.worker_pid:
                 continue
             block_id, _, block_size, _ = block_ref
@@ -696,13 +723,22 @@ class MainChannel:
             kept[block_id] = mapping
         return kept
 
-    def _settle_departed(self, incarnation: _WorkerIncarnation, block_id: int) -> None:
-        """A departed worker's result was decoded or discarded: its block is no longer ours to
-        keep (a lease, if any, holds the mapping itself)."""
+    def _settle_departed(self, incarnation: _WorkerIncarnation, block_id: int,
+                         lease_key: tuple[int, int, int] | None = None) -> None:
+        """A departed worker's result was decoded (``lease_key``: the lease of its batch) or
+        discarded: its block becomes spare for that worker id's next process, like the ended
+        worker's other blocks (held while the lease lives)."""
         with self._route.lock:
-            incarnation.mappings.pop(block_id, None)
+            mapping = incarnation.mappings.pop(block_id, None)
             if not incarnation.mappings:
                 self._departed.pop(incarnation.worker_pid, None)
+            if mapping is None or self._closed:
+                return
+            if (incarnation.worker_pid, block_id) in self._route.retiring:
+                return  # a forked child may read it: never written again
+            hold = self._route.hold(lease_key) if lease_key is not None else None
+            self._spare.setdefault(incarnation.worker_id, []).append(
+                KeptBlock(mapping, self._last_used.get(mapping, 0), hold))
 
     def _block_name(self, incarnation: _WorkerIncarnation, block_id: int) -> str:
         return block_name(

@@ -2,8 +2,11 @@
 
 On the wire (one ``bytes`` payload) come two pickles back to back:
 
-1. the envelope, ``(FORMAT_VERSION, worker_pid, block_ref, retired_block_ids, pool_statistics)``
-   where ``block_ref`` is ``None`` or ``(block_id, generation, block_size, used_bytes)``;
+1. the envelope, ``(FORMAT_VERSION, worker_pid, block_ref, retired_block_ids, pool_statistics,
+   needs_sender)`` where ``block_ref`` is ``None`` or ``(block_id, generation, block_size,
+   used_bytes)`` and ``needs_sender`` says that the batch holds objects pickled by sharing
+   reductions, which the main process takes from the worker while unpickling (the worker must
+   live until the payload is decoded);
 2. the batch, pickled with protocol 5 by :class:`LeafEncoder`, whose ``persistent_id`` turns every
    plain CPU tensor and numeric numpy array into a descriptor tuple:
 
@@ -38,9 +41,14 @@ import torch
 
 from mploader.channel.collate import PendingStack
 from mploader.channel.shm.copier import SHARED_PARTS, SPLIT_BYTES, Copier, row_ranges
-from mploader.channel.tensors import is_plain, torch_worker_dispatch_table
+from mploader.channel.tensors import (
+    is_plain,
+    sharing_reductions_used,
+    start_noting_sharing,
+    torch_worker_dispatch_table,
+)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 INLINE_TENSOR = 0
 BLOCK_TENSOR = 1
@@ -172,8 +180,9 @@ class LeafEncoder(pickle.Pickler):
     Everything that is not a leaf is pickled with ``ForkingPickler``'s table and torch's
     reductions, as torch's worker result queue pickles a batch.
 
-    After :meth:`encode`, ``block_bytes`` says how large a block the batch needs (0: none); the
-    channel acquires one and calls :meth:`fill` to copy (or stack) the leaves into it.
+    After :meth:`encode`, ``block_bytes`` says how large a block the batch needs (0: none), and
+    ``needs_sender`` whether a sharing reduction ran (see the module doc); the channel acquires a
+    block and calls :meth:`fill` to copy (or stack) the leaves into it.
     """
 
     def __init__(self, inline_threshold: int) -> None:
@@ -188,9 +197,12 @@ class LeafEncoder(pickle.Pickler):
         self.block_bytes = 0
         self.inline_leaves = 0
         self.block_leaves = 0
+        self.needs_sender = False
 
     def encode(self, batch: Any) -> bytes:
+        start_noting_sharing()
         self.dump(batch)
+        self.needs_sender = sharing_reductions_used()
         return self._buffer.getvalue()
 
     def fill(self, base: np.ndarray, copier: Copier | None = None, shared: bool = False) -> None:
@@ -409,6 +421,7 @@ def encode_envelope(
     block_ref: tuple[int, int, int, int] | None,
     retired: tuple[int, ...],
     statistics: tuple,
+    needs_sender: bool,
 ) -> bytes:
     """The first pickle of a payload, written without memo entries.
 
@@ -419,5 +432,5 @@ def encode_envelope(
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.fast = True
-    pickler.dump((FORMAT_VERSION, worker_pid, block_ref, retired, statistics))
+    pickler.dump((FORMAT_VERSION, worker_pid, block_ref, retired, statistics, needs_sender))
     return buffer.getvalue()
