@@ -88,6 +88,7 @@ DEFAULT_REPEATS = 5
 QUICK_REPEATS = 3
 IO_SLEEP_SECONDS = 0.020
 TIMED_EPOCHS = 2  # epoch workloads: timed epochs after the untimed first
+LEFTOVER_SETTLE_SECONDS = 5.0  # mploader's shutdown deadline for its workers
 
 
 # -- datasets (module level so that they pickle for spawn) ----------------------------------------
@@ -918,7 +919,13 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
         del dataset
         workload.cleanup()
         gc.collect()
-    time.sleep(0.2)  # let workers' exits settle before counting leftovers
+    # A collected loader is shut down by mploader's finalizer thread, which waits for its
+    # workers' exits (a worker tearing down three 640 MiB blocks takes 100 ms or more): wait
+    # for that, up to the shutdown's own deadline, before counting leftovers.
+    settle_deadline = time.monotonic() + LEFTOVER_SETTLE_SECONDS
+    time.sleep(0.2)
+    while set(own_shm_names()) - shm_before and time.monotonic() < settle_deadline:
+        time.sleep(0.05)
     result.leaked_shm = sorted(set(own_shm_names()) - shm_before)
     result.fds_after, result.rss_after_mb = open_fds(), rss_mb()
     result.seconds = time.perf_counter() - workload_started

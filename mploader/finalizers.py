@@ -127,6 +127,9 @@ def _run(state: _State) -> None:
         if call is _STOP:
             return
         _make(call)
+        # Let the call go before waiting for the next: it holds what it closes (an iterator's
+        # channel, the loader's kept blocks), which would otherwise outlive it until then.
+        del call
 
 
 def _make(call: _Call) -> None:

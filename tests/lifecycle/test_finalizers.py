@@ -102,3 +102,33 @@ def test_a_collection_only_queues_the_call() -> None:
     gc.collect()
     assert finalizers.settle(10)
     assert threads == ["mploader-finalizer", "explicit"]
+
+
+class _Payload:
+    pass
+
+
+def test_the_finalizer_thread_keeps_nothing_of_a_call_it_made() -> None:
+    """Once made, a call and its arguments are let go at once, not when the next one comes: a
+    persistent loader's shutdown holds its channel (and the loader's kept blocks, gigabytes of
+    shared memory), which stayed mapped for as long as no other iterator was collected."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    from mploader import finalizers
+
+    made = threading.Event()
+    payload = _Payload()
+    payload_ref = weakref.ref(payload)
+    owner = _Owner()
+    owner.cycle = owner  # type: ignore[attr-defined]
+    finalizers.finalize(owner, lambda _payload: made.set(), payload)
+    del owner, payload
+    gc.collect()
+    assert made.wait(10), "the finalizer thread made no call"
+    deadline = time.monotonic() + 5
+    while payload_ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert payload_ref() is None, "the finalizer thread still holds the call it made"
