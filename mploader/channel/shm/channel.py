@@ -577,7 +577,6 @@ class MainChannel:
             # Blocks of ended workers' results never decoded are free too.
             for incarnation in [*self._workers.values(), *self._departed.values()]:
                 self._spare_free_blocks(incarnation, {})
-            for incarnation in [*self._workers.values(), *self._departed.values()]:
                 incarnation.alive = False
                 incarnation.mappings.clear()
             self._workers.clear()
