@@ -409,7 +409,7 @@ class MultiProcessIterator(BaseIterator):
         self._channel.forget_worker(worker_id, handle.pid, self._undelivered_of(worker_id))
         held = self._table.pending_of(worker_id)
         finished = (worker_id in self._table.exhausted or handle.stop_sent) and not held
-        if finished and handle.process.exitcode == 0:
+        if finished and handle.exited_cleanly:
             return  # its part of the epoch was over, and its hooks closed what they held
         _tell_hooks_worker_died(self._loader_settings.worker_hooks, worker_id, handle.pid)
         if finished:
@@ -614,10 +614,12 @@ def _shutdown_iterator(
         for handle in group.handles:
             if handle.pid is None:
                 continue  # never started (a start failed): nothing ended
-            # None: its status is lost with its parent (a zygote that is gone); it was asked to
-            # stop, so that is no crash.
+            # None: it said goodbye and the reaper waits for the rest of its exit, or its status
+            # is lost with its parent (a zygote that is gone); it was asked to stop, so that is
+            # no crash.
             exitcode = handle.process.exitcode
             name = WorkerEvent.EXIT if exitcode in (0, None) else WorkerEvent.CRASH
-            monitor.worker_event(name, handle.worker_id, handle.pid,
-                                 exitcode="unknown" if exitcode is None else exitcode)
+            if exitcode is None:
+                exitcode = "said goodbye" if handle.said_goodbye else "unknown"
+            monitor.worker_event(name, handle.worker_id, handle.pid, exitcode=exitcode)
         monitor.shutdown()

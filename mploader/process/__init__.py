@@ -6,6 +6,7 @@
 * ``sigchld``: the live worker groups and the SIGCHLD handler that wakes them.
 * ``inherited_fds``: the main-process pipe ends a forked worker must close.
 * ``death``: turns a dead worker's exit status into a named report.
+* ``reaper``: waits, off the loader's path, for the exit of workers that said goodbye.
 
 May import ``worker`` (the entry point, the spec and the messages), ``channel`` (block releases,
 which forks are workers), ``monitor`` and the leaves (``compat``, ``errors``, ``polling``); never

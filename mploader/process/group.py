@@ -27,10 +27,11 @@ from mploader.compat import cpython
 from mploader.compat import torch as torch_compat
 from mploader.monitor.events import WorkerState
 from mploader.polling import Poller, readable
-from mploader.process import inherited_fds, sigchld, zygote
+from mploader.process import inherited_fds, reaper, sigchld, zygote
 from mploader.process.pipes import TaskWriter, Waiter, make_pipe
 from mploader.worker.loop import worker_main
 from mploader.worker.messages import (
+    Goodbye,
     Release,
     Resume,
     Stop,
@@ -52,10 +53,6 @@ TERMINATE_GRACE_SECONDS = 1.0
 URGENT_DEADLINE_SECONDS = 0.5
 # A worker's sentinel fires when it ends; its exit status is normally there within microseconds.
 REAP_SECONDS = 2.0
-# A blocking exit poll of a fork worker looks again this often once its sentinel has fired (the
-# status follows the sentinel within microseconds; a worker that closed the sentinel's fd early
-# must not make it spin).
-EXIT_POLL_SECONDS = 0.001
 # torch's warning when a spawn/forkserver worker cannot be started because its arguments (the
 # dataset, collate_fn, worker_init_fn) do not pickle; the pickling error follows it.
 
@@ -75,7 +72,10 @@ class WorkerHandle:
     state: WorkerState = WorkerState.STARTING
     pid: int | None = None
     reader_open: bool = True
-    ended: bool = False  # the process is gone and has been reaped
+    # It will do nothing more: the process is gone and has been reaped, or it said goodbye and
+    # the reaper waits for the rest of its exit (``said_goodbye``).
+    ended: bool = False
+    said_goodbye: bool = False
     stop_sent: bool = False  # asked to stop: it is sent nothing more
     # Whether the result pipe has more to read (every result asks twice: mploader.polling).
     readable: Poller = dataclasses.field(init=False)
@@ -85,6 +85,11 @@ class WorkerHandle:
 
     def has_message(self) -> bool:
         return self.reader_open and bool(self.readable.ready(0))
+
+    @property
+    def exited_cleanly(self) -> bool:
+        """It said goodbye (everything it held is closed), or it exited with status 0."""
+        return self.said_goodbye or self.process.exitcode == 0
 
 
 @dataclass
@@ -346,8 +351,9 @@ class WorkerGroup:
                 events.extend(self._read_messages(handle))
             elif kind == "sentinel" and not handle.ended:
                 events.extend(self._read_messages(handle))  # what it sent before it ended
-                self._reap(handle)
-                events.append(Event(handle.worker_id, ended=True))
+                if not handle.ended:  # (it did not say goodbye first)
+                    self._reap(handle)
+                    events.append(Event(handle.worker_id, ended=True))
         return events
 
     def _read_messages(self, handle: WorkerHandle) -> list[Event]:
@@ -361,9 +367,25 @@ class WorkerGroup:
             except (EOFError, OSError):
                 self._close_reader(handle)
                 break
+            if isinstance(message, Goodbye):  # its last word
+                self._part_with(handle)
+                events.append(Event(handle.worker_id, ended=True))
+                break
             self._note_state(handle, message)
             events.append(Event(handle.worker_id, message, payload))
         return events
+
+    def _part_with(self, handle: WorkerHandle) -> None:
+        """The worker said goodbye: it has ended as far as the loader is concerned, and the
+        reaper waits for its process (``mploader.process.reaper``)."""
+        handle.said_goodbye = True
+        handle.ended = True
+        handle.state = WorkerState.EXITED
+        self._close_reader(handle)
+        self.waiter.unwatch(handle.sentinel)
+        self._by_fd.pop(handle.sentinel, None)
+        self.waiter.unwatch(handle.writer.fd)
+        reaper.adopt(handle.process, handle.worker_id)
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
         """A worker's lifecycle follows from what it said: it is ready."""
@@ -380,15 +402,8 @@ class WorkerGroup:
             handle.reader.close()
 
     def _reap(self, handle: WorkerHandle) -> None:
-        """Collect the exit status of a worker whose sentinel fired, without ever blocking.
-
-        (``Process.join(timeout)`` waits on the sentinel and then calls a *blocking* waitpid; if
-        the sentinel fired while the process still lives, that would hang forever.)
-        """
-        deadline = time.monotonic() + REAP_SECONDS
-        while handle.process.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if handle.process.is_alive():
+        """Collect the exit status of a worker whose sentinel fired, without ever blocking."""
+        if not reaper.ended_within(handle.process, REAP_SECONDS):
             _log.warning("worker %d (pid %s): its sentinel closed but it still runs; killing it",
                          handle.worker_id, handle.pid)
             handle.process.kill()
@@ -447,7 +462,7 @@ class WorkerGroup:
                     handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
         finally:
             self._release_resources()
-            self.unclean_exits = [handle for handle in running if handle.process.exitcode != 0]
+            self.unclean_exits = [handle for handle in running if not handle.exited_cleanly]
 
     def _wait_for_exits(self, seconds: float, drained: list[Event]) -> None:
         deadline = time.monotonic() + seconds
@@ -458,10 +473,9 @@ class WorkerGroup:
             for event in self._wait(remaining):
                 if event.ended:
                     handle = self.handles[event.worker_id]
-                    handle.state = (WorkerState.EXITED if handle.process.exitcode == 0
-                                    else WorkerState.CRASHED)
-                    _log.debug("worker %d (pid %s) exited with %s", handle.worker_id,
-                               handle.pid, handle.process.exitcode)
+                    _log.debug("worker %d (pid %s) %s", handle.worker_id, handle.pid,
+                               "said goodbye" if handle.said_goodbye
+                               else f"exited with {handle.process.exitcode}")
                 else:
                     drained.append(event)
 
@@ -515,6 +529,6 @@ def serialize_exit_polls(process: Any) -> None:
             if code is not None or flag == os.WNOHANG:
                 return code
             readable([popen_ref().sentinel], None)  # type: ignore[union-attr]  # it ends
-            time.sleep(EXIT_POLL_SECONDS)  # its status follows (an fd closed early: no spin)
+            time.sleep(reaper.EXIT_POLL_SECONDS)  # its status follows (an fd closed early: no spin)
 
     popen.poll = poll

@@ -14,7 +14,10 @@
 * ``datapipes``: datapipe datasets inside a worker, as torch's worker loop treats them.
 * ``start_gate``: forked workers wait until the main process has forked them all.
 * ``watchdog``: notices that the main process is gone, so a worker never outlives it.
-* ``memory``: keeps a worker's large allocations on the reused heap instead of fresh mmaps.
+* ``memory``: keeps a worker's large allocations on the reused heap instead of fresh mmaps,
+  and gives the heap back when it says goodbye.
+* ``exit_priority``: a worker that said goodbye leaves the CPU to the loader for the rest of
+  its exit.
 * ``inherited``: closes the pipe ends a forked worker inherits but must not keep.
 
 May import ``channel`` (a worker writes into its end), ``monitor.events`` (the shared names) and

@@ -19,6 +19,7 @@ queued behind it, run on the reply thread (``mploader.worker.replies``), which k
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -37,6 +38,7 @@ from mploader.errors import MploaderError, RemoteError
 from mploader.monitor.events import TaskTimings
 from mploader.polling import Poller, SpinningWait, spin_seconds
 from mploader.worker.datapipes import seed_datapipe
+from mploader.worker.exit_priority import lower_priority_for_exit
 from mploader.worker.fetch import IterableFetcher, MapFetcher, make_fetcher
 from mploader.worker.hooks import (
     abandon_hooks,
@@ -47,8 +49,9 @@ from mploader.worker.hooks import (
 from mploader.worker.info import make_worker_info, seed_worker, set_worker_info
 from mploader.worker.inherited import close_inherited
 from mploader.worker.item_random import TaskSeed
-from mploader.worker.memory import keep_large_allocations_on_heap
+from mploader.worker.memory import give_heap_back, keep_large_allocations_on_heap
 from mploader.worker.messages import (
+    Goodbye,
     IterableExhausted,
     Release,
     Resume,
@@ -199,8 +202,21 @@ class WorkerLoop:
                 step()
             except Exception:
                 _log.exception("worker %d: error during exit", self.spec.worker_id)
+        if abandon is None:
+            self.say_goodbye()
         self.results.close()
         self.tasks.close()
+
+    def say_goodbye(self) -> None:
+        """Everything the main process waits for is done: give the heap back, leave the rest
+        of the exit (the kernel's teardown of this process) to the lowest priority, and say
+        so; the main process's reaper waits for that rest (``mploader.process.reaper``).  The
+        priority is lowered first: what the main process hears is already true."""
+        give_heap_back()
+        lower_priority_for_exit()
+        with contextlib.suppress(OSError):  # the main process closed its end: it waits for nothing
+            self.results.send_bytes(pickle.dumps(Goodbye(self.spec.worker_id, self.pid),
+                                                 protocol=pickle.HIGHEST_PROTOCOL))
 
     # -- reading the task pipe -------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ time (about 100-150 ms here, more than the rest of the batch's trip).  Turning m
 off and raising the trim threshold makes freed memory stay in the process and be reused by the
 next item: the same ``np.full((250000, 602))`` drops from 70-190 ms to 24-50 ms.  The price is
 that a worker's RSS stays at its peak instead of shrinking between items, which a data-loading
-worker reaches after its first batch anyway.  ``MPLOADER_WORKER_MALLOC=default`` keeps glibc's
-defaults.
+worker reaches after its first batch anyway, until it says goodbye (:func:`give_heap_back`).
+``MPLOADER_WORKER_MALLOC=default`` keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -35,3 +35,16 @@ def keep_large_allocations_on_heap() -> bool:
     except (OSError, AttributeError):
         return False  # musl and others have no mallopt
     return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+
+
+def give_heap_back() -> bool:
+    """Return the heap's free memory to the system now (``malloc_trim``), as the policy above
+    otherwise never does: a worker about to exit, whose teardown runs at the lowest priority,
+    must not keep the next epoch's worker from the memory its last batches used.  False where
+    it does not apply (not glibc)."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim(0)
+    return True

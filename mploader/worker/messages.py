@@ -18,6 +18,9 @@ The *result pipe* carries, worker -> main:
                                             ``WorkerSnapshot`` or None: see ``worker.resume``)
     IterableExhausted(epoch, task_id)       the worker's dataset iterator ended at this task; the
                                             worker ignores its later tasks of this epoch
+    Goodbye(worker_id)                      the last message: the worker stopped, its hooks ran,
+                                            its names and heap are given back; only the kernel's
+                                            teardown of the process is left (``process.reaper``)
 
 A ``TaskDone`` whose payload is too big to pickle cheaply says ``payload_follows`` and the payload
 comes as the next raw frame on the same pipe, so a large batch is never copied into a pickle.
@@ -126,6 +129,15 @@ class IterableExhausted:
     task_id: int
     worker_id: int
     state: WorkerSnapshot | None = None
+
+
+@_pickled_as_values
+@dataclass(slots=True)
+class Goodbye:
+    """The worker is done with everything the main process waits for; it exits next."""
+
+    worker_id: int
+    pid: int
 
 
 # A payload at least this large travels as its own frame instead of inside the pickled header:

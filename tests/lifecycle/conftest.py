@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from mploader import finalizers
+from mploader.process import reaper
 from tests.leaks import leaked_entries, shm_entries
 
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -108,6 +109,8 @@ def no_leftovers():
     yield
     gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
     finalizers.settle(10)  # and shut down by the finalizer thread
+    reaper.wait_for_all(30)  # workers that said goodbye reaped (their sentinels closed)
+    gc.collect()
     leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
     assert not leftover, f"worker processes left behind: {leftover}"
     leaked = leaked_entries(shm_before)

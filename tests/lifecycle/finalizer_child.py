@@ -197,6 +197,10 @@ def main() -> None:
         from mploader import finalizers
 
         finalizers.settle(20)  # every finalized iterator's shutdown has run
+        from mploader.process import reaper
+
+        reaper.wait_for_all(20)  # and every worker that said goodbye is reaped
+        gc.collect()  # (its process object, which holds its sentinel, with it)
         print(json.dumps({"pipes_left": sorted(open_pipes() - pipes_before)}), flush=True)
         return
     # Exit with the probe on: the three iterators dropped now are finalized by the exit hooks,

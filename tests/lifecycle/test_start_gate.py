@@ -4,6 +4,7 @@ else inherits it, and never leave a descriptor behind in the main process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import mploader
+from mploader.process import reaper
 from mploader.worker import start_gate
 
 # A gate that did not open would hold the waiting workers this long: far beyond the test's own
@@ -48,6 +50,8 @@ def test_every_forked_worker_starts_once_all_are_forked(long_wait, persistent):
     assert time.monotonic() - started < HELD_SECONDS / 4
     del loader
     mploader.finalizers.settle()
+    assert reaper.wait_for_all(30)  # workers' sentinels close as they are reaped
+    gc.collect()
     assert _open_fds() <= before  # the gate's pipe is closed in the main process
 
 

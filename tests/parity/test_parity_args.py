@@ -312,7 +312,13 @@ def test_workers_are_process_objects(start_method: str, channel: bool) -> None:
     assert all(worker.is_alive() for worker in workers)
     rest = list(iterator)
     assert len(rest) == 3
+    # An ended epoch stops its workers; the kernel's teardown of each may still run when the
+    # epoch ends (mploader.process.reaper: a difference from torch, which joins them), and
+    # join() waits for it, as torch's own tests do.
+    for worker in workers:
+        worker.join(10)
     assert not any(worker.is_alive() for worker in workers), "an ended epoch stops its workers"
+    assert [worker.exitcode for worker in workers] == [0, 0]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

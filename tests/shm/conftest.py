@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from mploader import finalizers
+from mploader.process import reaper
 from tests.leaks import leaked_entries
 
 
@@ -24,5 +25,7 @@ def no_leaked_names() -> Iterator[None]:
     yield
     gc.collect()  # a loader in a reference cycle is freed here
     finalizers.settle(10)  # and its iterator shut down by the finalizer thread
+    reaper.wait_for_all(30)  # workers that said goodbye reaped (their sentinels closed)
+    gc.collect()
     leaked = leaked_entries(before)
     assert not leaked, f"test left shared-memory entries behind: {sorted(leaked)}"
