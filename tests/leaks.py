@@ -7,6 +7,7 @@ concurrent test run in another checkout, another user's loader) are not ours to 
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -14,7 +15,23 @@ from collections.abc import Iterable
 
 import psutil
 
+from mploader import finalizers
+from mploader.process import reaper
+
 _MAIN_PID = re.compile(r"^mploader-(\d+)-")
+
+
+def let_loaders_go(seconds: float = 30.0) -> bool:
+    """Shut down every iterator nothing references any more and wait until its workers are
+    gone: an iterator in a reference cycle (an exception's traceback) is freed, the finalizer
+    thread shuts it down, the reaper waits for the workers that said goodbye (their process
+    objects, which hold a sentinel each, freed with them).  Whether all of that happened within
+    ``seconds`` (each)."""
+    gc.collect()
+    settled = finalizers.settle(seconds)
+    reaped = reaper.wait_for_all(seconds)
+    gc.collect()
+    return settled and reaped
 
 
 def shm_entries() -> set[str]:

@@ -16,8 +16,7 @@ import mploader
 from mploader.channel.shm import SharedMemoryFullError
 from mploader.config import SharedMemoryConfig
 from mploader.errors import WorkerDiedError
-from mploader.process import reaper
-from tests.leaks import leaked_entries, own_shm_bytes, own_shm_entries
+from tests.leaks import leaked_entries, let_loaders_go, own_shm_bytes, own_shm_entries
 from tests.leaks import shm_entries as shm_names
 
 from .datasets import NumpyItems, Patterned, kill_while_writing
@@ -135,10 +134,7 @@ def test_soak_100_epochs_of_64_mb_batches(persistent):
     me = psutil.Process()
 
     def measure() -> tuple[int, int, int, int]:
-        gc.collect()
-        # workers that said goodbye may still be exiting (their process objects hold a
-        # sentinel each): the reaper waits for them (mploader.process.reaper)
-        assert reaper.wait_for_all(30)
+        assert let_loaders_go()
         return me.num_fds(), len(own_shm_entries()), own_shm_bytes(), me.memory_info().rss
 
     baseline = None

@@ -7,9 +7,7 @@ import time
 import psutil
 import pytest
 
-from mploader import finalizers
-from mploader.process import reaper
-from tests.leaks import leaked_entries, shm_entries
+from tests.leaks import leaked_entries, let_loaders_go, shm_entries
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -107,10 +105,7 @@ def no_leftovers():
     shm_before = shm_entries()
     fds_before, helpers_before = _open_fds(), _helpers()
     yield
-    gc.collect()  # an iterator in a reference cycle (an exception's traceback) is freed here
-    finalizers.settle(10)  # and shut down by the finalizer thread
-    reaper.wait_for_all(30)  # workers that said goodbye reaped (their sentinels closed)
-    gc.collect()
+    let_loaders_go()
     leftover = wait_until_gone([c.pid for c in worker_children()], seconds=10)
     assert not leftover, f"worker processes left behind: {leftover}"
     leaked = leaked_entries(shm_before)

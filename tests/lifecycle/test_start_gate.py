@@ -4,7 +4,6 @@ else inherits it, and never leave a descriptor behind in the main process."""
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -13,8 +12,8 @@ import pytest
 import torch
 
 import mploader
-from mploader.process import reaper
 from mploader.worker import start_gate
+from tests.leaks import let_loaders_go
 
 # A gate that did not open would hold the waiting workers this long: far beyond the test's own
 # bound below, so a gate left shut fails the test instead of passing a second late.
@@ -49,9 +48,7 @@ def test_every_forked_worker_starts_once_all_are_forked(long_wait, persistent):
         assert len(pids) == 8  # all 8 workers made batches
     assert time.monotonic() - started < HELD_SECONDS / 4
     del loader
-    mploader.finalizers.settle()
-    assert reaper.wait_for_all(30)  # workers' sentinels close as they are reaped
-    gc.collect()
+    assert let_loaders_go()
     assert _open_fds() <= before  # the gate's pipe is closed in the main process
 
 

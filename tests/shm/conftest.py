@@ -7,14 +7,11 @@ processes, say a concurrent test run, are not ours to judge).
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 
 import pytest
 
-from mploader import finalizers
-from mploader.process import reaper
-from tests.leaks import leaked_entries
+from tests.leaks import leaked_entries, let_loaders_go
 
 
 @pytest.fixture(autouse=True)
@@ -23,9 +20,6 @@ def no_leaked_names() -> Iterator[None]:
 
     before = set(list_names())
     yield
-    gc.collect()  # a loader in a reference cycle is freed here
-    finalizers.settle(10)  # and its iterator shut down by the finalizer thread
-    reaper.wait_for_all(30)  # workers that said goodbye reaped (their sentinels closed)
-    gc.collect()
+    let_loaders_go()
     leaked = leaked_entries(before)
     assert not leaked, f"test left shared-memory entries behind: {sorted(leaked)}"
