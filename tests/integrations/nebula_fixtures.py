@@ -21,6 +21,7 @@ import pytest
 
 from mploader.integrations.nebula import NebulaFeatureStore, NebulaHooks, parse_addresses
 from nebula_testing import citation
+from nebula_testing.nebula_admin import session_ids
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
 
 TEST_GRAPH = {"num_nodes": 300, "feature_dim": 16, "num_classes": 4, "seed": 7}
@@ -95,6 +96,22 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def sessions_left_since(admin: Any, before: set[int], timeout: float = 10.0) -> set[int]:
+    """The sessions graphd still lists, ``timeout`` seconds at most from now, that were not
+    there ``before``: empty once everything made since is signed out.  Sessions of ``before``
+    may go meanwhile (an earlier test's client signing out when it is collected, an idle one
+    expiring): that is no session of the test's."""
+    left: set[int] = set()
+
+    def signed_out() -> bool:
+        nonlocal left
+        left = session_ids(admin) - before
+        return not left
+
+    wait_for(signed_out, timeout)
+    return left
 
 
 @pytest.fixture(scope="session")

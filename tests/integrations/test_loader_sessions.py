@@ -12,7 +12,7 @@ import torch
 import mploader
 from mploader.integrations.nebula import NebulaAuthError, NebulaConnectionError
 from nebula_testing.nebula_admin import session_ids
-from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
+from tests.integrations.nebula_fixtures import NebulaTarget, sessions_left_since
 
 from .loader_datasets import FetchFeatures, YieldThroughInheritedSession, YieldThroughWorkerSession
 
@@ -68,7 +68,7 @@ def test_worker_sessions_give_no_wrong_answers(nebula_server: NebulaTarget, nebu
     assert torch.equal(rows[:, 0], rows[:, 1])  # every answer is its own query's
     pids, sessions = set(rows[:, 2].tolist()), set(rows[:, 3].tolist())
     assert len(pids) == 4 and len(sessions) == 4  # one session per worker, made once
-    assert wait_for(lambda: session_ids(nebula_admin) == before)  # signed out at worker exit
+    assert not sessions_left_since(nebula_admin, before)  # signed out at worker exit
 
 
 def test_sessions_are_recreated_for_new_workers_and_kept_by_persistent_ones(
@@ -89,7 +89,7 @@ def test_sessions_are_recreated_for_new_workers_and_kept_by_persistent_ones(
     assert kept[0] == kept[1] == kept[2] and len(kept[0]) == 2
     assert kept[0] <= session_ids(nebula_admin)  # still open between epochs
     persistent._iterator._shutdown_workers()
-    assert wait_for(lambda: session_ids(nebula_admin) == before)
+    assert not sessions_left_since(nebula_admin, before)
 
 
 def test_hooks_run_in_the_main_process_without_workers(nebula_server: NebulaTarget,
@@ -101,7 +101,7 @@ def test_hooks_run_in_the_main_process_without_workers(nebula_server: NebulaTarg
     assert torch.equal(rows[:, 0], rows[:, 1])
     assert set(rows[:, 2].tolist()) == {multiprocessing.current_process().pid}
     assert len(set(rows[:, 3].tolist())) == 1
-    assert wait_for(lambda: session_ids(nebula_admin) == before)
+    assert not sessions_left_since(nebula_admin, before)
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)

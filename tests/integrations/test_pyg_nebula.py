@@ -44,7 +44,7 @@ from mploader.integrations.nebula.statements import split_id_statements
 from nebula_testing import citation
 from nebula_testing.nebula_admin import session_ids
 from nebula_testing.nebula_process import NebulaServerProcess, start_server_process
-from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
+from tests.integrations.nebula_fixtures import NebulaTarget, sessions_left_since, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -590,7 +590,7 @@ def test_loader_on_mploader_workers_and_threads(
     again = run()  # same generator: same batches and the same sampled neighbours
     assert all(same_sample(batch_sample(first, case), batch_sample(second, case))
                for first, second in zip(batches, again, strict=True))
-    assert wait_for(lambda: session_ids(nebula_admin) == before)  # every session signed out
+    assert not sessions_left_since(nebula_admin, before)  # every session signed out
 
 
 class RecordingHooks(NebulaHooks):
@@ -643,7 +643,7 @@ def test_plain_node_loader_takes_worker_hooks_and_threads_set_as_attributes(
     # session per worker process, made by the hooks (not a store's own per-process session)
     assert sorted(thread for _, thread in made) == ["MainThread", "MainThread"]
     assert len({pid for pid, _ in made}) == 2 and str(os.getpid()) not in {p for p, _ in made}
-    assert wait_for(lambda: session_ids(nebula_admin) == before)  # the hooks closed them
+    assert not sessions_left_since(nebula_admin, before)  # the hooks closed them
     sampler.close()
 
 
@@ -718,7 +718,7 @@ def test_a_main_process_session_never_crosses_a_fork(
         assert labels == ["features", "sampler"], made
     assert str(parent_id) not in {session for _, pid, session in made if int(pid) in workers}
 
-    assert wait_for(lambda: session_ids(nebula_admin) == before)  # the workers signed out
+    assert not sessions_left_since(nebula_admin, before)  # the workers signed out
     assert feature_store.session() is parent  # the parent's session is untouched, still works
     assert torch.equal(feature_store.get_tensor("paper", "y", index=some),
                        torch.from_numpy(graph.labels[some.numpy()]))
@@ -745,7 +745,7 @@ def test_torchs_own_workers_sign_their_store_sessions_out_at_exit(
         torch.equal(batch.x, torch.from_numpy(graph.features[batch.n_id.numpy()]))
         for batch in batches
     )
-    assert wait_for(lambda: session_ids(nebula_admin) == before, timeout=5)
+    assert not sessions_left_since(nebula_admin, before, timeout=5)
     sampler.close()
 
 

@@ -17,7 +17,7 @@ import torch
 
 import mploader
 from nebula_testing.nebula_admin import session_ids
-from tests.integrations.nebula_fixtures import NebulaTarget, wait_for
+from tests.integrations.nebula_fixtures import NebulaTarget, sessions_left_since
 
 from .loader_datasets import FetchFeatures, YieldPerFetchThread
 
@@ -47,7 +47,7 @@ def test_fetch_threads_share_their_workers_sessions_closed_at_exit(
     assert len(sessions_of_worker) == 2
     assert all(len(owners) == 1 for owners in workers_of_session.values())  # never shared
     assert all(1 <= len(s) <= THREADS for s in sessions_of_worker.values())  # at most T each
-    assert wait_for(lambda: session_ids(nebula_admin) == before)  # all signed out at exit
+    assert not sessions_left_since(nebula_admin, before)  # all signed out at exit
 
 
 def test_persistent_workers_keep_their_thread_sessions_across_epochs(
@@ -65,7 +65,7 @@ def test_persistent_workers_keep_their_thread_sessions_across_epochs(
     assert 2 <= len(first | second) <= 2 * 3
     assert first | second <= session_ids(nebula_admin)  # kept open between epochs
     loader._iterator._shutdown_workers()
-    assert wait_for(lambda: session_ids(nebula_admin) == before)
+    assert not sessions_left_since(nebula_admin, before)
 
 
 def test_feature_store_works_unchanged_with_fetch_threads(nebula_server: NebulaTarget) -> None:
