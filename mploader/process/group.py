@@ -44,10 +44,11 @@ from mploader.worker.start_gate import StartGate
 _log = logging.getLogger("mploader")
 
 # One deadline for all workers to exit after being asked, then stragglers get SIGTERM, then,
-# after TERMINATE_GRACE_SECONDS more, SIGKILL.  Workers finish their current task before exiting,
-# so the deadline bounds how long a slow __getitem__ can delay shutdown.
+# after TERMINATE_GRACE_SECONDS more (the reaper's: one grace for both), SIGKILL.  Workers finish
+# their current task before exiting, so the deadline bounds how long a slow __getitem__ can delay
+# shutdown.
 SHUTDOWN_DEADLINE_SECONDS = 5.0
-TERMINATE_GRACE_SECONDS = 1.0
+TERMINATE_GRACE_SECONDS = reaper.TERMINATE_GRACE_SECONDS
 # After a fatal error or Ctrl-C nobody wants the current tasks' results: a worker stuck in one
 # (the usual cause of a timeout) is not waited for long.
 URGENT_DEADLINE_SECONDS = 0.5

@@ -33,7 +33,8 @@ _log = logging.getLogger("mploader")
 
 # How long a worker may take to exit once it said goodbye before it is terminated.
 EXIT_DEADLINE_SECONDS = 30.0
-# After SIGTERM, this long before SIGKILL; after SIGKILL, this long before giving up on it.
+# After SIGTERM, this long before SIGKILL; after SIGKILL, this long before giving up on it.  The
+# worker group's shutdown uses the same grace (``mploader.process.group``).
 TERMINATE_GRACE_SECONDS = 1.0
 # The longest single wait on a worker's sentinel, and how often its status is asked for once the
 # sentinel fired: the status follows the sentinel within microseconds, and a sentinel closed
