@@ -303,8 +303,12 @@ def unpicklable_batch(shared_memory: bool) -> FaultRow:
 
 
 MAIN_PROCESS = """
-    import os, time, torch, mploader
+    import os, signal, time, torch, mploader
     from torch.utils.data import Dataset
+
+    # Ctrl-C as an interactive Python takes it, however the suite was started: a shell without
+    # job control starts a background command with SIGINT ignored, and Python then leaves it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     class Items(Dataset):
         def __len__(self):
