@@ -17,12 +17,14 @@ at the lowest priority on a saturated machine gets a small share of a CPU for it
 
 One short-lived daemon thread per worker; :func:`wait_for_all` waits for them (tests, and anyone
 who must know every worker is gone).  At interpreter exit, ``multiprocessing`` joins its own
-children as it always does.
+children as it always does, and so it does for a goodbye read while the interpreter shuts down
+(an iterator shut down by mploader's exit hook), when CPython 3.12+ starts no thread.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -54,7 +56,15 @@ def adopt(process: Any, worker_id: int) -> None:
     )
     with _lock:
         _threads.add(thread)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown" (CPython 3.12+)
+        with _lock:
+            _threads.discard(thread)
+        # As for a reaper thread the exit abandons: multiprocessing's own exit hook joins the
+        # worker (its zygote, for a worker it forked).
+        _log.debug("worker %d (pid %s) said goodbye at interpreter exit; not waited for here",
+                   worker_id, process.pid)
 
 
 def wait_for_all(timeout: float) -> bool:
@@ -90,6 +100,17 @@ def _wait_for_exit(process: Any, worker_id: int) -> None:
     finally:
         with _lock:
             _threads.discard(threading.current_thread())
+
+
+def _forget_parent_state() -> None:
+    """In a forked child: the parent's reaper threads are not its own, and one of them may
+    have held the lock while the parent forked."""
+    global _lock, _threads
+    _lock = threading.Lock()
+    _threads = set()
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
 
 
 def ended_within(process: Any, seconds: float) -> bool:

@@ -20,19 +20,27 @@ pytestmark = pytest.mark.skipif(
 
 _PROGRAM = """
 import json, sys, threading, time, warnings
+import psutil
 import torch.utils.data
 import mploader
 
-time.sleep(0.5)  # threads that importing torch may run for a moment have ended
+# Threads that importing torch may run for a moment have ended (longer than half a second on a
+# machine busy with other tests).
+deadline = time.monotonic() + 10
+while psutil.Process().num_threads() > 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
 stop = threading.Event()
 if sys.argv[1] == "with a thread of the program":
     threading.Thread(target=stop.wait, name="the program's").start()
 warned = {}
-for name, loader_class in (("torch", torch.utils.data.DataLoader),
-                           ("mploader", mploader.DataLoader)):
+# torch's loader for one epoch: its second would fork while the first epoch's queue feeder
+# threads may still be ending (on a busy machine), a warning of torch's own making.  mploader's
+# for two: its second forks with its own threads of the first alive.
+for name, loader_class, epochs in (("torch", torch.utils.data.DataLoader, 1),
+                                   ("mploader", mploader.DataLoader, 2)):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _epoch in range(2):
+        for _epoch in range(epochs):
             list(loader_class(list(range(8)), batch_size=2, num_workers=2,
                               multiprocessing_context="fork"))
     warned[name] = any("multi-threaded, use of fork()" in str(warning.message)
