@@ -380,12 +380,8 @@ class WorkerGroup:
         """The worker said goodbye: it has ended as far as the loader is concerned, and the
         reaper waits for its process (``mploader.process.reaper``)."""
         handle.said_goodbye = True
-        handle.ended = True
-        handle.state = WorkerState.EXITED
         self._close_reader(handle)
-        self.waiter.unwatch(handle.sentinel)
-        self._by_fd.pop(handle.sentinel, None)
-        self.waiter.unwatch(handle.writer.fd)
+        self._note_ended(handle, WorkerState.EXITED)
         reaper.adopt(handle.process, handle.worker_id)
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
@@ -409,9 +405,16 @@ class WorkerGroup:
                          handle.worker_id, handle.pid)
             handle.process.kill()
             handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+        self._note_ended(handle, WorkerState.EXITED if handle.process.exitcode == 0
+                         else WorkerState.CRASHED)
+
+    def _note_ended(self, handle: WorkerHandle, state: WorkerState) -> None:
+        """The worker has ended for the loader: its sentinel and task pipe are no longer watched
+        (its results' pipe stays open while it may still hold what the worker sent last)."""
         handle.ended = True
-        handle.state = WorkerState.EXITED if handle.process.exitcode == 0 else WorkerState.CRASHED
+        handle.state = state
         self.waiter.unwatch(handle.sentinel)
+        self._by_fd.pop(handle.sentinel, None)
         self.waiter.unwatch(handle.writer.fd)
 
     # -- stopping --------------------------------------------------------------------------------
