@@ -46,9 +46,9 @@ def _new_process_item(count: int, reply: Connection) -> None:
 
 def in_a_new_process(count: int) -> float:
     """Milliseconds for a forked child's first item."""
-    ours, theirs = multiprocessing.get_context("fork").Pipe(duplex=False)
-    child = multiprocessing.get_context("fork").Process(target=_new_process_item,
-                                                         args=(count, theirs))
+    fork = multiprocessing.get_context("fork")
+    ours, theirs = fork.Pipe(duplex=False)
+    child = fork.Process(target=_new_process_item, args=(count, theirs))
     child.start()
     theirs.close()
     elapsed = float(ours.recv())
