@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mploader.channel.shm import MainChannel, WorkerChannel, new_loader_tag
+from mploader.channel.shm import MainChannel, WorkerChannel
 from mploader.config import SharedMemoryConfig
 
 CROSSOVER_SIZES = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20]
@@ -52,10 +52,9 @@ def measure_costs() -> None:
             8,
         ),
     ]
-    tag = new_loader_tag()
     for name, make, collate, repeats in workloads:
-        worker = WorkerChannel(SharedMemoryConfig(), 0, 1, tag)
-        main = MainChannel(SharedMemoryConfig(), tag)
+        main = MainChannel(SharedMemoryConfig())
+        worker = WorkerChannel(SharedMemoryConfig(), 0, 1, main.worker_link())
         data = make()
         timings = []
         for _ in range(repeats + 2):
@@ -77,10 +76,10 @@ def measure_costs() -> None:
         gc.collect()
 
 
-def _crossover_worker(connection: Any, tag: str, threshold: int, nbytes: int) -> None:
+def _crossover_worker(connection: Any, link: Any, threshold: int, nbytes: int) -> None:
     torch.set_num_threads(1)
     config = SharedMemoryConfig(inline_threshold=threshold)
-    with WorkerChannel(config, 0, 1, tag) as worker:
+    with WorkerChannel(config, 0, 1, link) as worker:
         batch = torch.rand(nbytes // 4)
         while True:
             releases = connection.recv()
@@ -94,11 +93,12 @@ def _crossover_worker(connection: Any, tag: str, threshold: int, nbytes: int) ->
 def _crossover_one(threshold: int, nbytes: int, rounds: int) -> float:
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
-    tag = new_loader_tag()
-    process = context.Process(target=_crossover_worker, args=(theirs, tag, threshold, nbytes))
-    process.start()
     config = SharedMemoryConfig(inline_threshold=threshold)
-    with MainChannel(config, tag) as main:
+    main = MainChannel(config)
+    process = context.Process(target=_crossover_worker,
+                              args=(theirs, main.worker_link(), threshold, nbytes))
+    process.start()
+    with main:
         timings = []
         for _ in range(rounds):
             started = time.perf_counter()

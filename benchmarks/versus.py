@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/versus.py --repeats 9              # more repetitions
     .venv/bin/python benchmarks/versus.py --quick                  # ~1 min smoke run
     .venv/bin/python benchmarks/versus.py --json out.json          # also save the figures
+    .venv/bin/python benchmarks/versus.py --only container         # in a 64 MiB /dev/shm (root)
 
 The workloads, torch's figures on the project's 2-core machines and the target ratios are those of
 the benchmark plan (``/work/shared/BENCHMARKS.md``). Every workload runs torch (A) and mploader (B)
@@ -32,6 +33,15 @@ How it measures, the same for both loaders:
   is shut down between repetitions, outside the clock. The constructor is timed separately and the
   first (cold) repetition is reported too: helpers kept for the whole process (mploader's spawn
   zygote) make later repetitions warm.
+* The container workload (ms/batch): large_collate as above (1 worker, ``fork``, 600 MB batches
+  collated from 1,000 views), but each repetition runs in a subprocess in a mount namespace of
+  its own (``unshare --mount``) with a 64 MiB tmpfs on ``/dev/shm``, Docker's and Kubernetes'
+  default, both loaders with their default settings.  A loader that fails there (torch: no space
+  left on device; mploader before its blocks were anonymous memory files: ``BatchTooLargeError``)
+  has its exception's first line (and, for an exception re-raised from a worker, the original
+  one) as its result instead of a figure, and is not run again.  The subprocess also samples
+  ``/dev/shm``'s used bytes every 10 ms, reported as each loader's peak.  Skipped, with the
+  reason, where the namespace cannot be made (it needs root and ``unshare(1)``).
 * Every batch is checked against values derived from the indices (items are deterministic) and
   every 4 KiB page of every received array is read once in the main process (one element per page
   through a strided view, summed in float64: this is also the checksum), so lazy mapping is paid
@@ -39,7 +49,8 @@ How it measures, the same for both loaders:
   mploader's pool can recycle its block.
 
 Also reported: what mploader's channel did (shared-memory blocks or plain pickling), mploader
-blocks of this process left in ``/dev/shm``, the main process's open fds and RSS. A repetition
+blocks this process still maps or holds once a workload's loaders are gone (and any ``mploader``
+entry in ``/dev/shm``), the main process's open fds and RSS. A repetition
 that takes longer than ``--hang-timeout`` seconds is declared hung: every thread's traceback goes
 to stderr, the partial table is printed and the process exits with status 2 (1 after an error,
 a failed check or a leftover; 0 otherwise).
@@ -58,6 +69,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -266,7 +278,7 @@ def verify(batch: Any, expected: Expected, checksum: Callable[[torch.Tensor], fl
 @dataclass
 class Workload:
     name: str
-    kind: str  # "throughput" (ms/batch), "window" (ms/epoch) or "startup" (ms)
+    kind: str  # "throughput", "epochs", "container" (ms/batch), "window" (ms/epoch), "startup" (ms)
     what: str
     torch_reference: str  # torch's figure in the plan
     target: float
@@ -283,10 +295,11 @@ class Workload:
     keep: int = 0  # window: how many recent batches the consumer keeps
     # the target also asks mploader to take at most this many 602 MB memcpys a batch
     memcpy_bound: float | None = None
+    child_args: tuple[str, ...] = ()  # container: the arguments of its subprocess
 
     @property
     def unit(self) -> str:
-        return {"throughput": "ms/batch", "epochs": "ms/batch",
+        return {"throughput": "ms/batch", "epochs": "ms/batch", "container": "ms/batch",
                 "window": "ms/epoch"}.get(self.kind, "ms")
 
 
@@ -473,6 +486,18 @@ def build_workloads(quick: bool) -> list[Workload]:
         "~1.7 s", 2.0, 3.0,
         Ints, {"batch_size": 1, "num_workers": 4, "multiprocessing_context": "spawn"},
         _ints_expected, sum_all, 64, 0,
+    ))
+    # large_collate in a container's /dev/shm: each repetition runs in a subprocess with a private
+    # 64 MiB tmpfs there (run_container), which runs large_collate's own row (container_child).
+    batches, warm = sizes((10, 4), (6, 4))
+    workloads.append(Workload(
+        "container", "container",
+        "large_collate in a 64 MiB /dev/shm (Docker's default; a mount namespace, needs root)",
+        "fails (no space)", 5.0, 8.0,
+        lambda n: Ints(0),  # a placeholder: the subprocess makes large_collate's dataset
+        {"batch_size": ITEMS_PER_LARGE_BATCH, "num_workers": 1, **fork},
+        _large_collate_expected(), touch_pages, batches, warm,
+        child_args=("--quick",) if quick else (),
     ))
     return workloads
 
@@ -704,16 +729,170 @@ def run_startup(loader_class: type, workload: Workload, dataset: Any,
     return elapsed * 1e3, summary
 
 
+# -- the container workload: large_collate in a 64 MiB /dev/shm ---------------------------------
+
+CONTAINER_SHM_SIZE = "64m"  # Docker's and Kubernetes' default /dev/shm
+CONTAINER_SHM_WORDS = "64 MiB"
+CONTAINER_RESULT = "CONTAINER-RESULT "
+CONTAINER_SAMPLE_SECONDS = 0.010
+container_timeout = 55.0  # seconds one repetition's subprocess may take (main(): --hang-timeout)
+_container_probe: list[str | None] = []  # unshare's path, or None and why not (probed once)
+
+
+class LoaderFailed(Exception):
+    """The container workload: a loader failed in the small /dev/shm (its result, not an error)."""
+
+    def __init__(self, text: str, dev_shm_peak: int | None) -> None:
+        super().__init__(text)
+        self.text = text
+        self.dev_shm_peak = dev_shm_peak
+
+
+class ContainerUnavailable(Exception):
+    """The container workload cannot run here: why."""
+
+
+def container_unshare() -> str:
+    """``unshare(1)``, once a private tmpfs is known to mount on /dev/shm in a mount namespace."""
+    if not _container_probe:
+        reason = None
+        unshare = shutil.which("unshare")
+        if os.geteuid() != 0:
+            reason = "needs root, to mount a private tmpfs on /dev/shm"
+        elif unshare is None:
+            reason = "unshare(1) is not installed"
+        else:
+            probe = subprocess.run(
+                [unshare, "--mount", "--propagation", "private", "sh", "-c",
+                 f"mount -t tmpfs -o size={CONTAINER_SHM_SIZE} tmpfs /dev/shm"],
+                capture_output=True, text=True, timeout=30,
+            )
+            if probe.returncode != 0:
+                reason = (f"cannot mount a private /dev/shm (unshare --mount, mount -t tmpfs): "
+                          f"{probe.stderr.strip() or f'exit status {probe.returncode}'}")
+        _container_probe.extend([unshare if reason is None else None, reason])
+    unshare, reason = _container_probe
+    if unshare is None:
+        raise ContainerUnavailable(reason)
+    return unshare
+
+
+def failure_text(error: BaseException) -> str:
+    """An exception's first line; for one re-raised from a worker (torch's "Caught ... in
+    DataLoader worker process 0."), the original exception's line too."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    first = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    if len(lines) > 1 and lines[-1] != lines[0]:
+        return f"{first} ... {lines[-1]}"
+    return first
+
+
+def run_container(loader_class: type, workload: Workload, dataset: Any,
+                  expected: list[Expected]) -> tuple[float, dict[str, Any]]:
+    """One repetition in a subprocess with a private 64 MiB /dev/shm (``container_child``)."""
+    unshare = container_unshare()
+    side = "torch" if loader_class.__module__.startswith("torch") else "mploader"
+    script = os.path.abspath(__file__)
+    repository = os.path.dirname(os.path.dirname(script))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        part for part in (repository, env.get("PYTHONPATH")) if part
+    )
+    command = shlex.join([sys.executable, script, "--container-child", side,
+                          *workload.child_args])
+    process = subprocess.Popen(
+        [unshare, "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size={CONTAINER_SHM_SIZE},mode=1777 tmpfs /dev/shm && "
+         f"exec {command}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,  # its workers are in its process group: killed below
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=container_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise RuntimeError(f"{side} in the container did not finish within "
+                           f"{container_timeout:g} s; its stderr:\n{stderr[-3000:]}")
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # a worker left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+    lines = [line for line in stdout.splitlines() if line.startswith(CONTAINER_RESULT)]
+    if not lines:
+        raise RuntimeError(f"{side} in the container exited with status {process.returncode} "
+                           f"and no result; its stderr:\n{stderr[-3000:]}")
+    report = json.loads(lines[-1][len(CONTAINER_RESULT):])
+    if "error" in report:  # a failed check: an error of the benchmark's, as in the other rows
+        raise BatchMismatch(f"{side} in the container: {report['error']}")
+    if "failure" in report:
+        raise LoaderFailed(report["failure"], report["dev_shm_peak"])
+    summary = dict(report["summary"])
+    summary["dev_shm_peak"] = report["dev_shm_peak"]
+    return report["ms"], summary
+
+
+def container_child(side: str, quick: bool) -> int:
+    """``--container-child SIDE``: one repetition of large_collate with one loader, run by
+    ``run_container`` in its 64 MiB /dev/shm; prints the figure or the failure as a JSON line."""
+    import mploader  # see the note at the imports
+
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    loader_class = torch.utils.data.DataLoader if side == "torch" else mploader.DataLoader
+    workload = next(work for work in build_workloads(quick) if work.name == "large_collate")
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while True:
+            stats = os.statvfs("/dev/shm")
+            peak[0] = max(peak[0], (stats.f_blocks - stats.f_bfree) * stats.f_frsize)
+            if stop.wait(CONTAINER_SAMPLE_SECONDS):
+                return
+
+    sampler = threading.Thread(target=sample, name="dev-shm-sampler", daemon=True)
+    sampler.start()
+    report: dict[str, Any] = {}
+    try:
+        dataset = workload.make_dataset(workload.batches)
+        expected = [workload.expected(number) for number in range(workload.batches)]
+        figure, summary = run_throughput(loader_class, workload, dataset, expected)
+        report.update(ms=figure, summary=summary)
+    except BatchMismatch:
+        report["error"] = traceback.format_exc()
+    except Exception as error:
+        report["failure"] = failure_text(error)
+    finally:
+        stop.set()
+        sampler.join()
+    report["dev_shm_peak"] = peak[0]
+    print(CONTAINER_RESULT + json.dumps(report), flush=True)
+    return 0
+
+
 # -- machine, /dev/shm and process bookkeeping --------------------------------------------------
 
 
 def own_shm_names() -> list[str]:
-    """``/dev/shm`` entries of mploader blocks named after this process."""
-    prefix = f"mploader-{os.getpid()}-"
+    """mploader's shared memory this process still holds: pool blocks (anonymous memory files,
+    ``/memfd:mploader-w<id>``) mapped or open here, and any ``mploader`` entry in ``/dev/shm``
+    (there should never be one)."""
+    held: set[str] = set()
     try:
-        return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix))
+        with open("/proc/self/maps") as maps:
+            held.update(f"block inode {line.split()[4]}" for line in maps
+                        if "/memfd:mploader" in line)
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:mploader"):
+                    held.add(f"block inode {os.stat(f'/proc/self/fd/{fd}').st_ino}")
+            except OSError:
+                continue  # the listing's own descriptor, closed meanwhile
+        held.update(f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if "mploader" in name)
     except FileNotFoundError:
-        return []
+        pass
+    return sorted(held)
 
 
 def open_fds() -> int:
@@ -797,6 +976,11 @@ class Result:
     construct_ms: dict[str, list[float]] = field(default_factory=dict)
     # loader -> "main"/"workers" -> [(minor, major) per timed batch, one per repetition]
     faults: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    # the container workload: loader -> how it failed (its result); why it was skipped; loader ->
+    # the most of /dev/shm it used (bytes, over its repetitions)
+    failures: dict[str, str] = field(default_factory=dict)
+    skipped: str | None = None
+    dev_shm_peak: dict[str, int] = field(default_factory=dict)
 
     def median_faults(self, side: str, process: str) -> tuple[float, float] | None:
         runs = self.faults.get(side, {}).get(process)
@@ -883,8 +1067,8 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
     result.fds_before, result.rss_before_mb = open_fds(), rss_mb()
     shm_before = set(own_shm_names())
     workload_started = time.perf_counter()
-    run = {"throughput": run_throughput, "window": run_window,
-           "epochs": run_epochs}.get(workload.kind, run_startup)
+    run = {"throughput": run_throughput, "window": run_window, "epochs": run_epochs,
+           "container": run_container}.get(workload.kind, run_startup)
     side = "setup"
     dataset = None
     try:
@@ -893,14 +1077,28 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
         expected = [workload.expected(number) for number in range(count)]
         for repetition in range(repeats * workload.repeat_factor):
             for side, loader_class in loaders:  # A B A B
+                if side in result.failures:
+                    continue  # the container workload: it failed once, it fails again
                 gc.collect()
                 result.error_side = side  # what a hang would be blamed on
                 watchdog.start(f"{workload.name} repetition {repetition + 1} ({side})")
                 try:
                     figure, summary = run(loader_class, workload, dataset, expected)
+                except LoaderFailed as failure:  # the container workload: its result
+                    result.error_side = None
+                    result.failures[side] = failure.text
+                    if failure.dev_shm_peak is not None:
+                        result.dev_shm_peak[side] = max(result.dev_shm_peak.get(side, 0),
+                                                        failure.dev_shm_peak)
+                    print(f"  {workload.name:15s} rep {repetition + 1:2d} {side:8s} "
+                          f"FAILED: {failure.text}", flush=True)
+                    continue
                 finally:
                     watchdog.cancel()
                 result.error_side = None
+                if "dev_shm_peak" in summary:
+                    result.dev_shm_peak[side] = max(result.dev_shm_peak.get(side, 0),
+                                                    summary["dev_shm_peak"])
                 (result.torch_ms if side == "torch" else result.mploader_ms).append(figure)
                 if side == "mploader":
                     result.channel = summary["channel"]
@@ -911,6 +1109,10 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
                     result.construct_ms.setdefault(side, []).append(summary["construct_ms"])
                 print(f"  {workload.name:15s} rep {repetition + 1:2d} {side:8s} "
                       f"{figure:10.3f} {workload.unit}", flush=True)
+    except ContainerUnavailable as reason:
+        result.error_side = None
+        result.skipped = str(reason)
+        print(f"  {workload.name}: skipped: {reason}", flush=True)
     except Exception:
         result.error_side = side
         result.error = traceback.format_exc()
@@ -952,6 +1154,12 @@ def verdict(result: Result, memcpy_ms: float | None) -> str:
         return f"ERROR ({result.error_side})"
     if not result.done:
         return "not run"
+    if result.skipped is not None:
+        return "skipped"
+    if "mploader" in result.failures:
+        return "NOT met (mploader failed)"
+    if "torch" in result.failures:
+        return "mploader only (torch failed)" if result.mploader_ms else "-"
     ratio = result.ratio
     if ratio is None:
         return "-"
@@ -965,6 +1173,14 @@ def verdict(result: Result, memcpy_ms: float | None) -> str:
     return "met" if ratio >= result.workload.target else "NOT met"
 
 
+def figure_cell(result: Result, side: str) -> str:
+    if side in result.failures:
+        return "failed"
+    if result.skipped is not None:
+        return "skipped"
+    return format_ms(result.median(side))
+
+
 def print_table(results: list[Result], memcpy_ms: float | None) -> None:
     header = ("workload", "unit", "torch", "mploader", "ratio", "target", "stretch", "verdict")
     rows = [header]
@@ -973,7 +1189,7 @@ def print_table(results: list[Result], memcpy_ms: float | None) -> None:
         workload = result.workload
         rows.append((
             workload.name, workload.unit,
-            format_ms(result.median("torch")), format_ms(result.median("mploader")),
+            figure_cell(result, "torch"), figure_cell(result, "mploader"),
             f"{ratio:.2f}x" if ratio is not None else "-",
             f">= {workload.target:g}x", f"{workload.stretch:g}x", verdict(result, memcpy_ms),
         ))
@@ -1086,9 +1302,23 @@ class Run:
             if not result.done and not result.hung:
                 continue
             notes = [f"mploader channel: {describe_channel(result.channel)}"]
+            if result.skipped is not None or "mploader" in result.failures:
+                notes = []
+            if result.skipped is not None:
+                notes.append(f"skipped: {result.skipped}")
+            for side in ("torch", "mploader"):
+                if side in result.failures:
+                    notes.append(f"{side} FAILED in a {CONTAINER_SHM_WORDS} /dev/shm: "
+                                 f"{result.failures[side]}")
+            if result.dev_shm_peak:
+                notes.append(f"most of the {CONTAINER_SHM_WORDS} /dev/shm in use at once: "
+                             + ", ".join(f"{side} {result.dev_shm_peak[side] / 2**20:.1f} MiB"
+                                         for side in ("torch", "mploader")
+                                         if side in result.dev_shm_peak))
+            problems = problems or "mploader" in result.failures
             if result.leaked_shm:
                 problems = True
-                notes.append(f"LEFT IN /dev/shm: {', '.join(result.leaked_shm)}")
+                notes.append(f"SHARED MEMORY LEFT: {', '.join(result.leaked_shm)}")
             if result.fds_after != result.fds_before and result.done:
                 notes.append(f"open fds {result.fds_before} -> {result.fds_after}")
             if result.done:
@@ -1108,7 +1338,7 @@ class Run:
         leftovers = own_shm_names()
         if leftovers:
             problems = True
-            print(f"/dev/shm entries of this process now: {', '.join(leftovers)}")
+            print(f"shared memory of mploader's this process holds now: {', '.join(leftovers)}")
         for result in self.results:
             if result.error is not None:
                 print(f"\n{result.workload.name}: {'hung' if result.hung else 'error'} ("
@@ -1151,6 +1381,9 @@ class Run:
                     "error": result.error,
                     "error_side": result.error_side,
                     "hung": result.hung,
+                    "failures": result.failures,
+                    "skipped": result.skipped,
+                    "dev_shm_peak_bytes": result.dev_shm_peak,
                     "leaked_shm": result.leaked_shm,
                     "open_fds": [result.fds_before, result.fds_after],
                     "main_rss_mb": [result.rss_before_mb, result.rss_after_mb],
@@ -1166,7 +1399,7 @@ class Run:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--only", default="",
-                        help="comma-separated workloads (default: all)")
+                        help="comma-separated workloads (default: all; container needs root)")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"repetitions per workload and loader (default {DEFAULT_REPEATS}, "
                              f"--quick {QUICK_REPEATS}; startup_fork8 runs twice as many)")
@@ -1176,7 +1409,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang-timeout", type=float, default=60.0,
                         help="seconds one repetition may take before the run is declared hung "
                              "(tracebacks and the partial table are printed, exit status 2)")
+    parser.add_argument("--container-child", choices=("torch", "mploader"),
+                        help=argparse.SUPPRESS)  # the container workload's subprocess
     args = parser.parse_args(argv)
+    if args.container_child:
+        return container_child(args.container_child, args.quick)
+    global container_timeout
+    container_timeout = max(10.0, args.hang_timeout - 5.0)
 
     import mploader  # see the note at the imports
 

@@ -64,6 +64,13 @@ nitpick_ignore = [
     ("py:class", "mploader.integrations.nebula.pool._Member"),  # SessionPool.take/give_back
     ("py:class", "mploader.integrations.nebula.pyg.schema.KeptApart"),  # GraphSchema.kept_apart
     ("py:class", "NumNeighbors"),  # NebulaNeighborSampler(num_neighbors=): a list or a dict
+    # The shared-memory budget's internals that public docstrings name (SharedMemoryConfig.
+    # effective_budget(), SharedMemoryFullError.for_block): mploader.memory, a leaf module, and
+    # the budget with its reason; the guide's shared-memory page says what they are.
+    ("py:class", "mploader.config.BudgetChoice"),
+    ("py:class", "mploader.memory.MemoryLimit"),
+    ("py:func", "mploader.memory.job_memory"),
+    ("py:func", "mploader.memory.available_memory"),
 ]
 
 html_theme = "furo"

@@ -23,9 +23,10 @@ The layers, each a subpackage (imports run iterator -> process -> worker -> chan
 
 The leaves, which import nothing else of the package:
 
-* ``config``: ``SharedMemoryConfig`` and the resolver of ``shared_memory=``.
+* ``config``: ``SharedMemoryConfig`` and the resolver of ``shared_memory=`` (it reads ``memory``).
 * ``errors``: ``MploaderError`` and the worker errors that cross the process boundary.
 * ``finalizers``: finalizers that queue their work for a thread that holds no lock.
+* ``memory``: the memory the job may use and may still allocate (memory cgroup, ``/proc/meminfo``).
 * ``polling``: the one way mploader waits on file descriptors and wakes a waiter.
 """
 

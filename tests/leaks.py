@@ -1,15 +1,14 @@
-"""What a test may leave in ``/dev/shm``: nothing of its own.
+"""What a test may leave behind: no loader, no worker, no block of shared memory.
 
-An entry is this test run's own when its main pid (the first field after ``mploader-``) is this
-process, one of its descendants, or a process that is gone.  Entries of other live processes (a
-concurrent test run in another checkout, another user's loader) are not ours to judge.
+Blocks are anonymous memory files (``/memfd:mploader-w<id>`` in ``/proc/<pid>/maps`` and
+``/proc/<pid>/fd``), so nothing of mploader's should ever appear in ``/dev/shm``: any
+``mploader`` entry there is a leak, whoever made it.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import re
 import time
 from collections.abc import Iterable
 
@@ -17,8 +16,6 @@ import psutil
 
 from mploader import finalizers
 from mploader.process import reaper
-
-_MAIN_PID = re.compile(r"^mploader-(\d+)-")
 
 
 def let_loaders_go(seconds: float = 30.0) -> bool:
@@ -38,54 +35,63 @@ def shm_entries() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if "mploader" in name}
 
 
-# A main process killed by another test running at the same time (pytest-xdist) leaves entries
-# that its workers remove within a fraction of a second; one still there after this is a leak,
-# whoever made it.
+# A main process killed by another test running at the same time (pytest-xdist) takes a moment
+# to be torn down; an entry still there after this is a leak, whoever made it.
 DEAD_MAIN_GRACE_SECONDS = 3.0
 
 
 def leaked_entries(before: Iterable[str]) -> set[str]:
-    """Entries new since ``before`` that belong to this process or its descendants, or to a
-    process that is gone and were not cleaned up within ``DEAD_MAIN_GRACE_SECONDS``."""
+    """``/dev/shm`` entries of mploader's new since ``before`` (there should never be any)."""
     new = shm_entries() - set(before)
-    if not new:
-        return set()
-    ours = {os.getpid()} | {child.pid for child in psutil.Process().children(recursive=True)}
-    leaked = set()
-    of_the_dead = set()
-    for name in new:
-        match = _MAIN_PID.match(name)
-        main_pid = int(match.group(1)) if match else -1
-        if main_pid in ours:
-            leaked.add(name)
-        elif not psutil.pid_exists(main_pid):
-            of_the_dead.add(name)
     deadline = time.monotonic() + DEAD_MAIN_GRACE_SECONDS
-    while of_the_dead and time.monotonic() < deadline:
+    while new and time.monotonic() < deadline:
         time.sleep(0.05)
-        of_the_dead &= shm_entries()
-    return leaked | of_the_dead
+        new &= shm_entries()
+    return new
 
 
-def own_shm_entries() -> set[str]:
-    """Entries whose main pid is this process (what one test run's loaders create)."""
-    prefix = f"mploader-{os.getpid()}-"
-    return {name for name in shm_entries() if name.startswith(prefix)}
+BLOCK_LABEL = "/memfd:mploader"
 
 
-def own_shm_bytes() -> int:
-    """Bytes of ``mploader`` shared memory mapped by this process or its descendants (each block
-    counted once, named or already unlinked): unlike the tmpfs's usage, blind to other programs."""
-    sizes: dict[int, int] = {}
-    pids = [os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))]
+def is_block(target: str) -> bool:
+    """Whether an fd's link or a mapping's path is a block of mploader's pool."""
+    return target.startswith(BLOCK_LABEL)
+
+
+def blocks_of(pids: Iterable[int]) -> dict[int, int]:
+    """The pool blocks that ``pids`` map or hold open: inode (all memory files live on the
+    kernel's one internal tmpfs) -> mapped bytes (0 for a block held by a descriptor only),
+    each block counted once."""
+    blocks: dict[int, int] = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as maps:
-                lines = [line for line in maps if "/dev/shm/mploader" in line]
+                lines = [line for line in maps if BLOCK_LABEL in line]
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue  # it ended meanwhile
         for line in lines:
             address, _, _, _, inode, *_ = line.split()
             start, end = (int(part, 16) for part in address.split("-"))
-            sizes[int(inode)] = max(sizes.get(int(inode), 0), end - start)
-    return sum(sizes.values())
+            blocks[int(inode)] = max(blocks.get(int(inode), 0), end - start)
+        for fd in fds:
+            try:
+                if not is_block(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                    continue
+                inode = os.stat(f"/proc/{pid}/fd/{fd}").st_ino
+            except OSError:
+                continue
+            blocks.setdefault(inode, 0)
+    return blocks
+
+
+def own_blocks() -> dict[int, int]:
+    """The blocks this process and its descendants map or hold open."""
+    pids = [os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))]
+    return blocks_of(pids)
+
+
+def own_shm_bytes() -> int:
+    """Bytes of mploader's blocks mapped by this process or its descendants (each block counted
+    once): unlike the machine's ``Shmem``, blind to other programs."""
+    return sum(own_blocks().values())

@@ -1,7 +1,8 @@
 """Imports run one way through the package's layers (see the manual, docs/internals/layers.md).
 
 iterator -> process -> worker -> channel; ``compat`` (the seam to torch's and CPython's private
-API), ``config``, ``errors``, ``finalizers`` and ``polling`` are leaves;
+API), ``config``, ``errors``, ``finalizers``, ``memory`` and ``polling`` are leaves (``config``
+reads ``memory``, for the default budget);
 ``monitor`` is a side service every layer may call and that imports none of them.  A module
 outside these folders (the public face: ``loader``, ``_install``, ``__init__``, ``__main__``) may
 import anything.
@@ -18,7 +19,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mploader"
 
-LEAVES = {"compat", "config", "errors", "finalizers", "polling"}
+LEAVES = {"compat", "config", "errors", "finalizers", "memory", "polling"}
 MAY_IMPORT = {
     "iterator": {"process", "worker", "channel", "monitor"} | LEAVES,
     "process": {"worker", "channel", "monitor"} | LEAVES,
@@ -26,9 +27,10 @@ MAY_IMPORT = {
     "channel": {"monitor"} | LEAVES,
     "monitor": LEAVES,
     "integrations": {"worker"} | LEAVES,
-    "config": set(),
+    "config": {"memory"},
     "errors": set(),
     "finalizers": set(),
+    "memory": set(),
     "polling": set(),
     "compat": set(),
 }

@@ -2,7 +2,7 @@
 
 * ``protocol``: the two ends (worker end, main end) as typed protocols.
 * ``plain``: the channel with ``shared_memory=False``, batches pickled into the message.
-* ``shm/``: the pooled shared-memory channel (pool, codec, blocks, names).
+* ``shm/``: the pooled shared-memory channel (pool, codec, blocks, the descriptors' passage).
 * ``collate``: torch's ``default_collate`` rebuilt to stack into a block (or ordinary memory).
 * ``tensors``: which tensors a channel carries its own way, and how every other tensor travels.
 * ``forking``: which forks of the main process are mploader's own workers.
@@ -25,11 +25,12 @@ def open_worker_end(
     config: SharedMemoryConfig | None,
     worker_id: int,
     num_workers: int,
-    loader_tag: str,
+    link: Any,
     pipeline_depth: int,
     handed_blocks: Sequence[Any] = (),
 ) -> WorkerEnd:
     """A worker's end: plain pickling when ``config`` is None, else the worker's block pool.
+    ``link``: what the main end's ``worker_link()`` gave (None for plain pickling).
     ``pipeline_depth``: at most this many of the worker's batches are in flight at once (the
     loader's prefetch factor); past that, blocks in use are batches the consumer keeps.
     ``handed_blocks``: the blocks the main process kept from an earlier worker (``HandedBlock``)."""
@@ -39,11 +40,10 @@ def open_worker_end(
         return PlainWorkerEnd()
     from mploader.channel.shm import WorkerChannel
 
-    return WorkerChannel(config, worker_id, num_workers, loader_tag, pipeline_depth, handed_blocks)
+    return WorkerChannel(config, worker_id, num_workers, link, pipeline_depth, handed_blocks)
 
 
-def open_main_end(config: SharedMemoryConfig | None, loader_tag: str,
-                  keeper: Any = None) -> MainEnd:
+def open_main_end(config: SharedMemoryConfig | None, keeper: Any = None) -> MainEnd:
     """The main process's end, matching :func:`open_worker_end`.  ``keeper``: the loader's
     ``BlockKeeper``, whose blocks the channel hands to its workers and which keeps the free
     blocks when the channel closes (None: blocks live and die with the channel)."""
@@ -53,7 +53,7 @@ def open_main_end(config: SharedMemoryConfig | None, loader_tag: str,
         return PlainMainEnd()
     from mploader.channel.shm import MainChannel
 
-    return MainChannel(config, loader_tag, keeper)
+    return MainChannel(config, keeper)
 
 
 __all__ = [

@@ -70,8 +70,8 @@ class PlainMainEnd:
     def needs_sender(self, undelivered: Sequence[bytes]) -> bool:
         return False  # everything is pickled by value
 
-    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
-        pass
+    def worker_link(self) -> None:
+        return None
 
     def handed_blocks(self, worker_id: int) -> tuple[Any, ...]:
         return ()

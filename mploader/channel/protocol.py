@@ -89,8 +89,8 @@ class WorkerEnd(Protocol):
     def close(self) -> None: ...
 
     def abandon(self) -> None:
-        """The main process is gone: remove at once (from another thread) what the worker
-        holds in ``/dev/shm``; the process is about to exit."""
+        """The main process is gone (called from another thread): take no new resources; the
+        process is about to exit."""
         ...
 
 
@@ -115,14 +115,14 @@ class MainEnd(Protocol):
         sent them lives (they hold what it shares rather than sends: torch's storages)."""
         ...
 
-    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
-        """``worker_id`` is about to be asked to stop while ``undelivered`` payloads received
-        from it still wait to be decoded: take hold of what they need from the worker now."""
-        ...
-
     def take_releases(self) -> list[BlockRelease]:
         """The blocks released since the last call, for the caller to send to their workers.
         Releases travel up as data: the channel never calls the layer above."""
+        ...
+
+    def worker_link(self) -> Any:
+        """What every worker's end needs from this one (``open_worker_end``'s ``link``), for
+        the workers' specs: picklable for a spawned worker, inherited by a forked one."""
         ...
 
     def handed_blocks(self, worker_id: int) -> tuple[Any, ...]:

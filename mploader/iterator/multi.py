@@ -33,7 +33,6 @@ from typing import Any
 
 from mploader import finalizers
 from mploader.channel import MainEnd, open_main_end
-from mploader.channel.shm.names import new_loader_tag
 from mploader.compat import torch as torch_compat
 from mploader.errors import (
     MploaderError,
@@ -74,22 +73,17 @@ class MultiProcessIterator(BaseIterator):
         self._prefetch_factor = settings.prefetch_factor
         self._worker_threads = settings.worker_threads  # each worker runs that many tasks at once
         self._in_order = settings.in_order
-        self._tag = new_loader_tag()
         self._shutdown = False
         self._all_drawn = False  # the sampler ran out this epoch: no task will be dispatched
         self._urgency = [False]  # shared with the finalizer: stop without waiting for tasks
         self._pinning: ThreadPoolExecutor | None = None
-        if settings.shared_memory is not None:
-            from mploader.channel.shm import sweep_orphans
-
-            sweep_orphans()
         context = _resolve_context(settings.multiprocessing_context)
         self._restarts_left = settings.max_worker_restarts
         self._kills: dict[int, list[str]] = {}  # task id -> how each worker holding it died
         plan = self._resume_plan
         restores = plan.restores() if plan is not None and plan.workers else None
         # The channel first: it holds the blocks the loader kept, which the workers' specs carry.
-        self._channel = open_main_end(settings.shared_memory, self._tag, settings.block_keeper)
+        self._channel = open_main_end(settings.shared_memory, settings.block_keeper)
         try:
             self._group = WorkerGroup(
                 self._spec_template(), context, self._num_workers, restores, self._timeout,
@@ -168,7 +162,7 @@ class MultiProcessIterator(BaseIterator):
             worker_init_fn=worker_init_fn,
             hooks=settings.worker_hooks,
             shared_memory=settings.shared_memory,
-            loader_tag=self._tag,
+            channel_link=self._channel.worker_link(),
             parent_pid=os.getpid(),
             epoch=self._table.iterator_epoch,  # a resumed persistent iterator's goes on
             record_state=self._tracker is not None,
@@ -262,7 +256,6 @@ class MultiProcessIterator(BaseIterator):
             undelivered = self._undecoded_of(worker_id)
             if undelivered is None or self._channel.needs_sender(undelivered):
                 continue  # asked again once those are decoded
-            self._channel.map_undelivered(worker_id, undelivered)
             self._group.stop_worker(worker_id)
 
     def _undecoded_of(self, worker_id: int) -> list[bytes] | None:

@@ -54,8 +54,9 @@ def likely_cause(exitcode: int | None, oom_kills_before: int | None) -> str:
             )
         if number == signal.SIGBUS:
             return (
-                "a bus error: usually shared memory ran out (/dev/shm full) or a mapped file "
-                "shrank; raise the /dev/shm size or use fewer workers"
+                "a bus error: usually a mapped file shrank, or shared memory in /dev/shm ran "
+                "out (torch's own sharing of tensors mploader's blocks do not carry: a "
+                "container's 64 MB /dev/shm; raise it with --shm-size, or use fewer workers)"
             )
         if number == signal.SIGTERM:
             return "terminated from outside (SIGTERM)"

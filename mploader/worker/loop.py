@@ -109,7 +109,7 @@ class WorkerLoop:
         self.next_task_arrived = SpinningWait(self.tasks_readable, spin_seconds())
         self.tasks_or_fetches: Poller | None = None
         self.channel: WorkerEnd = open_worker_end(
-            spec.shared_memory, spec.worker_id, spec.num_workers, spec.loader_tag,
+            spec.shared_memory, spec.worker_id, spec.num_workers, spec.channel_link,
             spec.in_flight_per_worker, spec.handed_blocks,
         )
         self.replies = ReplySender(results)

@@ -25,7 +25,7 @@ class WorkerSpec:
     worker_init_fn: Callable[[int], None] | None
     hooks: WorkerHooks | None
     shared_memory: SharedMemoryConfig | None  # None: plain pickling
-    loader_tag: str
+    channel_link: Any  # the main end's worker_link(): how blocks reach the main process
     parent_pid: int
     epoch: int
     # At most this many tasks of one worker are in flight (prefetch_factor x worker_threads).

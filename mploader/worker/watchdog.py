@@ -63,8 +63,8 @@ class ParentWatchdog:
 
     def start_thread(self, on_parent_gone: Callable[[], None]) -> None:
         """Watch from a daemon thread; when the parent is gone, call ``on_parent_gone`` at once
-        (it removes what the worker has in ``/dev/shm``: ``os._exit`` would skip that), then end
-        the process after the grace period."""
+        (the worker's hooks sign its sessions out and its channel takes no new blocks:
+        ``os._exit`` would skip that), then end the process after the grace period."""
         threading.Thread(target=self._watch, args=(on_parent_gone,), name="mploader-watchdog",
                          daemon=True).start()
 

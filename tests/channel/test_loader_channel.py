@@ -16,7 +16,7 @@ import mploader
 from mploader.channel.shm import SharedMemoryFullError
 from mploader.config import SharedMemoryConfig
 from mploader.errors import WorkerDiedError
-from tests.leaks import leaked_entries, let_loaders_go, own_shm_bytes, own_shm_entries
+from tests.leaks import leaked_entries, let_loaders_go, own_blocks, own_shm_bytes
 from tests.leaks import shm_entries as shm_names
 
 from .datasets import NumpyItems, Patterned, kill_while_writing
@@ -72,14 +72,17 @@ def test_numpy_items_come_back_as_numpy_and_blocks_are_reused():
     iterator._shutdown_workers()
 
 
-def test_a_full_dev_shm_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("MPLOADER_SHM_FREE_BYTES_FOR_TESTING", str(4 * MiB))
+def test_too_little_memory_left_is_a_clear_error(monkeypatch):
+    # The test override of mploader.memory.available_memory(), read in the worker at each block.
+    monkeypatch.setenv("MPLOADER_MEMORY_AVAILABLE_FOR_TESTING", str(4 * MiB))
     loader = mploader.DataLoader(Patterned(4, numel=4 * MiB), batch_size=None, num_workers=1)
     with pytest.raises(SharedMemoryFullError) as caught:
         list(loader)
     message = str(caught.value)
-    for fragment in ("/dev/shm", "budget_bytes", "shared_memory=False", "fewer workers"):
+    for fragment in ("MPLOADER_MEMORY_AVAILABLE_FOR_TESTING", "budget_bytes",
+                     "shared_memory=False", "fewer workers", "memory cgroup's limit"):
         assert fragment in message, fragment
+    assert "/dev/shm" not in message
     assert f"needs {16 * MiB} bytes" in message and f"only {4 * MiB} bytes" in message
     del caught
 
@@ -112,15 +115,15 @@ def test_a_sigkilled_main_process_leaves_no_shared_memory():
                               stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
-        parent_names = lambda: {n for n in shm_names() if f"-{parent.pid}-" in n}  # noqa: E731
+        assert len(own_blocks()) >= 3  # the kept batches' blocks, mapped by parent and workers
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while (any(psutil.pid_exists(pid) for pid in pids) or parent_names()) and \
-                time.monotonic() < deadline:
+        while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [pid for pid in pids if psutil.pid_exists(pid)]
-        assert parent_names() == set()
+        assert own_blocks() == {}  # nobody maps or holds them: the memory is gone
+        assert shm_names() == set()
     finally:
         parent.kill()
         parent.wait()
@@ -135,7 +138,7 @@ def test_soak_100_epochs_of_64_mb_batches(persistent):
 
     def measure() -> tuple[int, int, int, int]:
         assert let_loaders_go()
-        return me.num_fds(), len(own_shm_entries()), own_shm_bytes(), me.memory_info().rss
+        return me.num_fds(), len(own_blocks()), own_shm_bytes(), me.memory_info().rss
 
     baseline = None
     for epoch in range(100):

@@ -41,6 +41,7 @@ from mploader.integrations.nebula.errors import (
     NebulaSessionLimitError,
     NebulaSessionLostError,
 )
+from mploader.memory import MemoryLimit
 
 
 def exception_classes() -> dict[str, type[BaseException]]:
@@ -85,10 +86,13 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     ),
     "mploader.channel.shm.errors.SharedMemoryError": lambda: SharedMemoryError("pool broken"),
     "mploader.channel.shm.errors.SharedMemoryFullError": lambda: SharedMemoryFullError.for_block(
-        "/dev/shm", 1 << 30, 1 << 20
+        1 << 30, MemoryLimit(1 << 20, "the memory cgroup's limit less its usage "
+                             "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes less "
+                             "memory.usage_in_bytes, its file cache counted as free)")
     ),
     "mploader.channel.shm.errors.BatchTooLargeError": lambda: BatchTooLargeError.for_batch(
-        1 << 33, 1 << 31, 4
+        1 << 33, 1 << 31, 4, "half of the memory cgroup's limit of 16.0 GiB "
+        "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes), at most 8 GiB"
     ),
     "mploader.channel.shm.errors.BlockVanishedError": lambda: BlockVanishedError(
         "block mploader-1-2-3 of worker 0 is gone"

@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from tests.leaks import leaked_entries, let_loaders_go, shm_entries
+from tests.leaks import is_block, leaked_entries, let_loaders_go, shm_entries
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -81,7 +81,7 @@ def _open_fds() -> dict[int, str]:
 
 
 def _fd_leaks(before: dict[int, str], helpers_before: tuple[object, ...]) -> list[str]:
-    """fds opened during the test and still open: any on a /dev/shm entry of mploader's; and, if
+    """fds opened during the test and still open: any on a pool block of mploader's; and, if
     no session helper started during the test (its fds stay open by design), any at all."""
     deadline = time.monotonic() + 2
     while True:
@@ -89,10 +89,10 @@ def _fd_leaks(before: dict[int, str], helpers_before: tuple[object, ...]) -> lis
         after = _open_fds()
         new = {fd: target for fd, target in after.items() if before.get(fd) != target}
         leaks = [f"{fd} -> {target}" for fd, target in new.items()
-                 if target.startswith("/dev/shm/mploader-")]
+                 if is_block(target)]
         if _helpers() == helpers_before and len(after) > len(before):
             leaks += [f"{fd} -> {target}" for fd, target in new.items()
-                      if not target.startswith("/dev/shm/mploader-")]
+                      if not is_block(target)]
         if not leaks or time.monotonic() > deadline:
             return sorted(leaks)
         time.sleep(0.05)  # a pinning thread or a finalizer may still be closing one

@@ -75,23 +75,28 @@ def _restart_keeps_the_epoch(start_method: str) -> None:
         assert iterator.stats().restarts == 2
 
 
-# -- 2. another user's stale entry ------------------------------------------------------------
+# -- 2. another user's leftovers and a full /dev/shm -------------------------------------------
 
 def _as_nobody(action: str, argument: str, connection) -> None:  # in a forked child
     try:
         # nobody cannot read this machine's Python (/root is 0700): import now what the loader
         # imports lazily, while we are still root.
+        import numpy.random  # noqa: F401  (it imports the standard library's secrets)
+
         import mploader.channel.shm
         import mploader.worker.loop
 
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-        if action == "create":
-            path = os.path.join(SHM, argument)
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        if action == "fill":  # a stale entry that takes all but 1 MiB of /dev/shm
+            descriptor = os.open(os.path.join(SHM, argument), os.O_CREAT | os.O_EXCL | os.O_RDWR,
+                                 0o600)
+            stats = os.statvfs(SHM)
+            os.posix_fallocate(descriptor, 0, stats.f_bavail * stats.f_frsize - MiB)
+            os.close(descriptor)
             connection.send("ok")
-        else:  # a whole epoch of a loader of nobody's, its start-up sweep included
+        else:  # a whole epoch of a loader of nobody's
             values = _epoch(mploader.DataLoader(Blocks(4), batch_size=None, num_workers=2,
                                                 multiprocessing_context="fork"))
             connection.send("ok" if values == list(range(4)) else f"epoch {values}")
@@ -117,29 +122,27 @@ def _run_as_nobody(action: str, argument: str = "") -> str:
 def other_users_scenario(start_method: str) -> None:
     """Run by ``_other_users_entries_are_left_alone`` in a private /dev/shm, as root."""
     dead = _dead_pid()
-    roots = os.path.join(SHM, f"mploader-{dead}-0_root-0-{dead}-0")
-    nobodys = os.path.join(SHM, f"mploader-{dead}-0_nobody-0-{dead}-0")
+    roots = os.path.join(SHM, f"mploader-{dead}-0_root-0-{dead}-0")  # an old version's name
+    nobodys = f"mploader-{dead}-0_nobody-0-{dead}-0"
     os.close(os.open(roots, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
     # nobody's loader meets root's stale entry: no PermissionError, and it stays
-    assert _run_as_nobody("loader") == "ok"
+    answer = _run_as_nobody("loader")
+    assert answer == "ok", answer
     assert os.path.exists(roots)
-    # root's loader meets nobody's stale entry: sweeps its own stale entry, not nobody's
-    assert _run_as_nobody("create", os.path.basename(nobodys)) == "ok"
-    assert os.stat(nobodys).st_uid == NOBODY
+    # root's loader meets nobody's stale entry, which fills /dev/shm: its 1 MiB blocks are
+    # memory files, which the full tmpfs does not limit; and it touches nothing there
+    assert _run_as_nobody("fill", nobodys) == "ok"
+    assert os.stat(os.path.join(SHM, nobodys)).st_uid == NOBODY
     values = _epoch(mploader.DataLoader(Blocks(4), batch_size=None, num_workers=2,
                                         multiprocessing_context=start_method))
     assert values == list(range(4))
-    assert os.path.exists(nobodys)
-    assert not os.path.exists(roots)
-    os.unlink(nobodys)
-    assert os.listdir(SHM) == [], os.listdir(SHM)
+    assert sorted(os.listdir(SHM)) == sorted([nobodys, os.path.basename(roots)])
 
 
 def _other_users_entries_are_left_alone(start_method: str) -> None:
-    """/dev/shm is sticky: a stale entry of another user must not break anyone's loader (no
-    PermissionError), and is swept by nobody but its owner (not by root either).  Runs in a
-    private /dev/shm (a mount namespace), where the sweeps of other loaders on this machine cannot
-    remove the planted stale entries first."""
+    """/dev/shm is sticky and shared: another user's leftovers, even ones that fill it, must not
+    break anyone's loader (no PermissionError, no full tmpfs: blocks do not live there), and no
+    loader touches them.  Runs in a private /dev/shm (a mount namespace), which it may fill."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to play a second user (nobody) and mount a private /dev/shm")
     closed = [str(folder) for folder in (Path(REPOSITORY), *Path(REPOSITORY).parents)
@@ -185,10 +188,11 @@ OTHER_NAMESPACE = textwrap.dedent(
 )
 
 
-def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
-    """A loader runs here while another starts in a fresh pid namespace (sharing /dev/shm, as
-    containers with --ipc=host do), where our pids mean nothing: our blocks must survive its
-    start-up sweep, and its own entries must not outlive it."""
+def _pid_namespaces_share_nothing(start_method: str) -> None:
+    """A loader runs here while another runs in a fresh pid namespace (sharing /dev/shm, as
+    containers with --ipc=host do), where our pids mean nothing: both get every batch intact,
+    and neither leaves anything in the shared /dev/shm (blocks are memory files: nothing of
+    either is ever there to confuse the other)."""
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("unshare(1) is not installed")
@@ -200,12 +204,6 @@ def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
                                  multiprocessing_context=start_method)
     iterator = iter(loader)
     values = [int(next(iterator)[0])]
-    ours = f"mploader-{os.getpid()}-"
-    deadline = time.monotonic() + 10
-    while not {n for n in _entries(ours) if not n.endswith("-lock")} and \
-            time.monotonic() < deadline:
-        time.sleep(0.02)  # results wait, unmapped, in the pipes: their names are in /dev/shm
-    before = _entries("mploader-")
     other = subprocess.run(
         [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c",
          OTHER_NAMESPACE.format(repository=REPOSITORY)],
@@ -218,16 +216,16 @@ def _pid_namespaces_do_not_confuse_the_sweep(start_method: str) -> None:
         assert _intact(batch, value)
         values.append(value)
     assert values == list(range(12))
-    assert not {n for n in _entries("mploader-1-") if n not in before}  # nothing of theirs left
+    assert not _entries("mploader-")
 
 
 # -- 9. a worker busy when its main process is SIGKILLed ----------------------------------------
 
 def _killed_main_leaves_nothing(start_method: str) -> None:
     """The main process is SIGKILLed while its worker is busy in a 30 s item and the worker's
-    previous batch waits unmapped in the pipe: once the worker is gone, nothing of the loader is
-    left in /dev/shm, with no later sweep.  Runs in a private /dev/shm, where no other loader's
-    sweep can remove the leftovers first (``killed_main.py`` has the scenario)."""
+    previous batch waits unmapped in the pipe (its block's descriptor queued in the passage):
+    the worker goes at once, and nothing of the loader is left, in /dev/shm or mapped anywhere,
+    with no later sweep.  Runs in a private /dev/shm (``killed_main.py`` has the scenario)."""
     _run_in_private_dev_shm(
         f"from tests.lifecycle.killed_main import scenario\nscenario({start_method!r})\n"
     )
@@ -321,11 +319,11 @@ def _fork_child_keeps_its_batch(start_method: str) -> None:
 CHANNEL_FAULTS: list[FaultRow] = [
     FaultRow("restart_keeps_finished_batches", _restart_keeps_the_epoch),
     FaultRow("other_users_stale_entry", _other_users_entries_are_left_alone, ("fork",),
-             "the sweep runs in the main process before any worker exists, whatever the start "
-             "method; each run costs a fresh interpreter in a private /dev/shm"),
-    FaultRow("pid_namespaces", _pid_namespaces_do_not_confuse_the_sweep, ("fork", "spawn"),
-             "spawn and forkserver workers are both forked by the zygote and take the loader's "
-             "lock the same way; spawn covers both"),
+             "/dev/shm is read by no start method's code; each run costs a fresh interpreter in "
+             "a private /dev/shm"),
+    FaultRow("pid_namespaces", _pid_namespaces_share_nothing, ("fork", "spawn"),
+             "spawn and forkserver workers are both forked by the zygote and get the passage the "
+             "same way; spawn covers both"),
     FaultRow("killed_main_busy_worker", _killed_main_leaves_nothing, ("fork", "spawn"),
              "spawn and forkserver workers are both forked by the zygote and watch the main "
              "process the same way; spawn covers both"),

@@ -1,5 +1,5 @@
 """Fault-table rows of the process side: the zygote, fds, the main process's own end, the trace
-file, a full /dev/shm (issue 10, items 4, 5, 8, 10, and the classic ones).
+file, memory exhausted (issue 10, items 4, 5, 8, 10, and the classic ones).
 
 Rows that need a main process of their own (one that is interrupted, killed, or exits with a
 thread still iterating) run a short script in a subprocess, which prints what the row checks.
@@ -7,12 +7,12 @@ thread still iterating) run a short script in a subprocess, which prints what th
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
 import pickle
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -371,10 +371,15 @@ def main_process_ends(row_id: str, how: signal.Signals, wait_in_next: bool, floa
     return FaultRow(row_id, run)
 
 
-FULL_SHM = """
-    import gc, os, torch, mploader
+MEMORY_EXHAUSTED = """
+    import gc, os
+    # mploader.memory.available_memory()'s test override, set before anything starts, so that
+    # every worker (forked, spawned, or forked by a zygote or fork server) sees 4 MiB left.
+    os.environ["MPLOADER_MEMORY_AVAILABLE_FOR_TESTING"] = str(4 << 20)
+    import torch, mploader
     from torch.utils.data import Dataset
     from mploader.channel.shm import SharedMemoryFullError
+    from leaks import own_blocks
 
     class Big(Dataset):
         def __len__(self):
@@ -389,30 +394,31 @@ FULL_SHM = """
         try:
             list(loader)
         except SharedMemoryFullError as error:
-            print("needed", error.needed_bytes, "free", error.free_bytes)
+            print("needed", error.needed_bytes, "available", error.available_bytes,
+                  "errno", error.errno)
             print("message", error)
         del loader
         gc.collect()  # the iterator, in a cycle with the error's traceback, is gone
         mploader.finalizers.settle(10)  # and shut down by the finalizer thread
-        print("left", sorted(os.listdir("/dev/shm")))
+        print("left", sorted(own_blocks()))
 """
 
 
-def full_dev_shm(start_method: str) -> None:
-    """A real 4 MiB tmpfs on /dev/shm (a private mount namespace): an 8 MiB batch is a
-    SharedMemoryFullError naming what was needed and what is free; nothing is left in it."""
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1) to mount a small tmpfs on /dev/shm")
-    mount_small_tmpfs = "mount -t tmpfs -o size=4m tmpfs /dev/shm"
-    probe = subprocess.run(["unshare", "--mount", "sh", "-c", mount_small_tmpfs],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs in a private mount namespace: {probe.stderr.strip()}")
-    mount = ["unshare", "--mount", "sh", "-c", f'{mount_small_tmpfs} && exec "$@"', "sh"]
-    result = run_script(FULL_SHM, start_method, wrapper=mount)
+def memory_exhausted(start_method: str) -> None:
+    """The machine (or the memory cgroup) has 4 MiB left, as the workers measure it (the test
+    override of ``mploader.memory.available_memory``): an 8 MiB batch is a
+    SharedMemoryFullError (ENOMEM) naming what was needed, what is available and where that was
+    measured; no block is left. A real memory cgroup's limit:
+    ``tests/shm/test_memory_budget.py``."""
+    result = run_script(MEMORY_EXHAUSTED, start_method)
     assert result.returncode == 0, result.stderr
-    assert "needed 8388608 free 4194304" in result.stdout, result.stdout + result.stderr
-    assert "a block needs 8388608 bytes (8.0 MiB) but only 4194304 bytes" in result.stdout
+    assert f"needed 8388608 available 4194304 errno {errno.ENOMEM}" in result.stdout, (
+        result.stdout + result.stderr)
+    assert ("a block needs 8388608 bytes (8.0 MiB) but only 4194304 bytes (4.0 MiB) are "
+            "available, according to the test override "
+            "(MPLOADER_MEMORY_AVAILABLE_FOR_TESTING=4194304)"
+            in result.stdout), result.stdout
+    assert "/dev/shm" not in result.stdout
     assert "left []" in result.stdout
 
 
@@ -434,5 +440,5 @@ PROCESS_FAULTS: list[FaultRow] = [
     # kill -9 while workers are busy for good: the watchdog ends them after its grace period.
     main_process_ends("watchdog_parent_death", signal.SIGKILL, wait_in_next=True, floats=1,
                       seconds=3.0 + 3.0),
-    FaultRow("full_dev_shm", full_dev_shm),
+    FaultRow("memory_exhausted", memory_exhausted),
 ]

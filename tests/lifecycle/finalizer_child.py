@@ -10,7 +10,7 @@ took that lock (or waited for work a lock guards) would hang here for good.
 ``WHERE`` is ``main`` (the second loader runs in the main thread), ``thread`` (in another thread:
 the finalizers run there) or ``exit`` (as ``main``, then the process exits with more unreachable
 iterators left to finalize at interpreter exit, with the probe on).  Each line of stdout is a JSON
-report: the points probed, the garbage iterators' worker pids and loader tags, for the test to
+report: the points probed and the garbage iterators' worker pids, for the test to
 check that nothing of them is left; under ``exit``, a last line names the points probed at exit.
 
 Which thread holds a lock is known because ``threading.Lock``/``RLock`` made by mploader's modules
@@ -30,11 +30,12 @@ from typing import Any
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN_PID = os.getpid()
-# More iterators than points with a lock held that one loader's life calls into (133 under fork,
-# 145 under spawn): a run that used them all would not have probed every point.
-RESERVE = 180
-# At exit: the points of the remaining shutdowns (about 40).
-RESERVE_AT_EXIT = 60
+# More iterators than points with a lock held that one loader's life calls into (142 under fork,
+# 153 under spawn, since blocks' descriptors travel through the passage): a run that used them all
+# would not have probed every point.
+RESERVE = 200
+# At exit: the points of the remaining shutdowns (62).
+RESERVE_AT_EXIT = 90
 _held = threading.local()  # .depth: how many mploader locks this thread holds
 
 
@@ -102,7 +103,6 @@ class Reserve:
 
     def __init__(self, count: int) -> None:
         self.pids: list[int] = []
-        self.tags: list[str] = []
         self.cycles: list[list[Any]] = []
         for _ in range(count):
             loader = mploader.DataLoader(list(range(6)), batch_size=1, num_workers=1,
@@ -110,7 +110,6 @@ class Reserve:
             iterator = iter(loader)
             next(iterator)  # mid-epoch: its worker is busy, a batch is in flight
             self.pids += [process.pid for process in iterator._workers]
-            self.tags.append(iterator._tag)
             cycle: list[Any] = [iterator, loader]
             cycle.append(cycle)  # only the cyclic collector frees it
             self.cycles.append(cycle)
@@ -186,7 +185,6 @@ def main() -> None:
     print(json.dumps({
         "probed": reserve.probed, "reserve_left": len(reserve.cycles),
         "pids": reserve.pids + (at_exit.pids if at_exit else []),
-        "tags": reserve.tags + (at_exit.tags if at_exit else []),
         "pending_at_exit": len(at_exit.cycles) if at_exit else 0,
     }), flush=True)
     if at_exit is None:

@@ -33,8 +33,13 @@ MAIN = textwrap.dedent(
 )
 
 
-def _blocks(prefix: str) -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix) and not n.endswith("-lock")}
+def _blocks_mapped_by(pid: int) -> set[str]:
+    """The pool blocks ``pid`` maps (their inodes), from ``/proc/<pid>/maps``."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split()[4] for line in maps if "/memfd:mploader" in line}
+    except OSError:
+        return set()
 
 
 def scenario(start_method: str) -> None:
@@ -45,11 +50,11 @@ def scenario(start_method: str) -> None:
     try:
         workers = [int(pid) for pid in main.stdout.readline().split()]
         assert workers, "the loader did not start"
-        prefix = f"mploader-{main.pid}-"
         deadline = time.monotonic() + 10
-        while not _blocks(prefix) and time.monotonic() < deadline:
+        while len(_blocks_mapped_by(workers[0])) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)  # batch 1 waits, unmapped, in the pipe while item 2 takes 30 s
-        assert _blocks(prefix), "no block to leave behind"
+        unseen = _blocks_mapped_by(workers[0]) - _blocks_mapped_by(main.pid)
+        assert unseen, "no block the main process has not mapped yet, to leave behind"
         main.send_signal(signal.SIGKILL)
         main.wait()
         deadline = time.monotonic() + 15

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mploader.channel.shm import MainChannel, WorkerChannel, new_loader_tag
-from mploader.channel.shm.liveness import lock_name
-from mploader.channel.shm.names import list_names
+from mploader.channel.shm import MainChannel, WorkerChannel
 from mploader.config import SharedMemoryConfig
-
-
-def names_of(loader_tag: str) -> list[str]:
-    """The loader's block names (its lock file, ``mploader-<tag>-lock``, is not a block)."""
-    return [name for name in list_names()
-            if name.startswith(f"mploader-{loader_tag}-") and name != lock_name(loader_tag)]
 
 
 class Loopback:
@@ -31,10 +23,9 @@ class Loopback:
         worker_id: int = 0,
     ) -> None:
         self.config = SharedMemoryConfig() if config is None else config
-        self.tag = new_loader_tag()
         self._pending: list[tuple[int, int, int]] = []
-        self.worker = WorkerChannel(self.config, worker_id, num_workers, self.tag)
-        self.main = MainChannel(self.config, self.tag)
+        self.main = MainChannel(self.config)
+        self.worker = WorkerChannel(self.config, worker_id, num_workers, self.main.worker_link())
 
     @property
     def pending(self) -> list[tuple[int, int, int]]:
@@ -99,13 +90,13 @@ def make_samples(value: int) -> list[Any]:
     ]
 
 
-def serve(connection: Any, config: SharedMemoryConfig, worker_id: int, tag: str) -> None:
+def serve(connection: Any, config: SharedMemoryConfig, worker_id: int, link: Any) -> None:
     """The worker side of the cross-process tests."""
     import torch
 
     torch.set_num_threads(1)  # as torch's worker loop does; forked OpenMP pools would hang
 
-    channel = WorkerChannel(config, worker_id, 1, tag)
+    channel = WorkerChannel(config, worker_id, 1, link)
     try:
         while True:
             message = connection.recv()
@@ -120,17 +111,3 @@ def serve(connection: Any, config: SharedMemoryConfig, worker_id: int, tag: str)
             connection.send_bytes(payload)
     finally:
         channel.close()
-
-
-def own_block_then_wait(connection: Any, config: SharedMemoryConfig) -> None:
-    """Play a main process (and its worker) that creates one unseen block, then waits to be
-    SIGKILLed: its tag carries its own pid."""
-    import torch
-
-    torch.set_num_threads(1)
-    tag = new_loader_tag()
-    main = MainChannel(config, tag)  # holds the loader's lock  # noqa: F841
-    channel = WorkerChannel(config, 0, 1, tag)
-    channel.encode(make_batch("big", 1))
-    connection.send(tag)
-    connection.recv()  # never answered: the test kills us here

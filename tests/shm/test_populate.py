@@ -17,17 +17,17 @@ import threading
 import time
 
 from mploader.channel.shm import block as shm_block
-from mploader.channel.shm.names import block_path
 
 BLOCK_BYTES = 1 << 30  # populating it takes long enough (about 0.1 s here) to be caught mid-way
 
 
 def test_a_mapping_made_while_a_block_is_populated_does_not_wait_for_all_of_it():
-    name = f"mploader-test-populate-{os.getpid()}"
-    created = shm_block.create_block(name, BLOCK_BYTES)  # the pages exist, as in a handed block
+    sent: list[int] = []
+    # the pages exist, as in a handed block
+    created = shm_block.create_block(BLOCK_BYTES, "mploader-test-populate",
+                                     lambda descriptor: sent.append(os.dup(descriptor)))
     try:
-        descriptor = os.open(block_path(name), os.O_RDWR)
-        handed = shm_block.map_descriptor(descriptor, BLOCK_BYTES)  # no page tables yet
+        handed = shm_block.map_descriptor(sent[0], BLOCK_BYTES)  # no page tables yet
         started, populate_seconds = threading.Event(), []
 
         def fill() -> None:
@@ -52,8 +52,7 @@ def test_a_mapping_made_while_a_block_is_populated_does_not_wait_for_all_of_it()
             f"{1e3 * populate_seconds[0]:.1f} ms: it waited for the whole block")
         assert resident_bytes(handed.address) == BLOCK_BYTES  # and populate did populate it
     finally:
-        os.unlink(block_path(name))  # the mappings go with the test's frame
-    assert created.size == BLOCK_BYTES
+        del created  # the mappings go with the test's frame
 
 
 def resident_bytes(address: int) -> int:

@@ -1,4 +1,4 @@
-"""The channel across real processes: fork, spawn and forkserver; killed workers and mains."""
+"""The channel across real processes: fork, spawn and forkserver; killed workers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import signal
 import numpy as np
 import psutil
 import torch
-from _shm_helpers import names_of, own_block_then_wait, serve
+from _shm_helpers import serve
 
-from mploader.channel.shm import MainChannel, new_loader_tag, sweep_orphans
-from mploader.channel.shm.names import list_names
+from mploader.channel.shm import MainChannel
 from mploader.config import SharedMemoryConfig
+from tests.leaks import blocks_of, shm_entries
 
 
 class RemoteWorker:
@@ -21,11 +21,11 @@ class RemoteWorker:
 
     def __init__(self, start_method: str, config: SharedMemoryConfig | None = None) -> None:
         self.config = config or SharedMemoryConfig()
-        self.tag = new_loader_tag()
-        self.main = MainChannel(self.config, self.tag)
+        self.main = MainChannel(self.config)
         context = multiprocessing.get_context(start_method)
         self.connection, theirs = context.Pipe()
-        self.process = context.Process(target=serve, args=(theirs, self.config, 0, self.tag))
+        self.process = context.Process(target=serve,
+                                       args=(theirs, self.config, 0, self.main.worker_link()))
         self.process.start()
         theirs.close()
 
@@ -74,49 +74,32 @@ def test_roundtrip_across_processes(start_method):
     finally:
         worker.stop()
     assert worker.process.exitcode == 0
-    assert names_of(worker.tag) == []
+    assert shm_entries() == set()  # blocks are memory files: never a name in /dev/shm
 
 
-def test_killed_worker_is_forgotten_and_its_names_removed():
+def test_killed_worker_is_forgotten_and_its_unmapped_blocks_let_go():
     worker = RemoteWorker("fork")
     try:
         batch = worker.main.decode(0, worker.request("big", 1))
-        worker.request("big", 2)  # received, never decoded: its block's name is still linked
-        assert len(names_of(worker.tag)) == 1
+        worker.request("big", 2)  # received, never decoded: its block's descriptor waits
         os.kill(worker.process.pid, signal.SIGKILL)
         worker.process.join(10)
+        held_before = blocks_of([os.getpid()])
         worker.main.forget_worker(0, worker.process.pid)
-        assert names_of(worker.tag) == []
+        held_after = blocks_of([os.getpid()])
         assert torch.equal(batch["x"], torch.full((2_000_000,), 1.0))  # still readable
         assert worker.main.statistics().mapped_blocks == 0
+        # The block of the batch kept lives on (its lease maps it), the one never decoded is
+        # let go: its descriptor, queued in the passage, is closed.
+        assert len(held_after) == 1 and set(held_after) <= set(held_before)
         del batch
         assert worker.main.take_releases() == []  # nobody to tell
     finally:
         worker.stop()
+    assert blocks_of([os.getpid()]) == {}  # the kept block was spare for a replacement
 
 
-def test_killed_main_process_is_swept():
-    context = multiprocessing.get_context("fork")
-    ours, theirs = context.Pipe()
-    process = context.Process(target=own_block_then_wait, args=(theirs, SharedMemoryConfig()))
-    process.start()
-    tag = ours.recv()
-    assert len(names_of(tag)) == 1
-    with MainChannel(SharedMemoryConfig(), new_loader_tag()):
-        live = RemoteWorker("fork")  # a live loader of ours: the sweep must leave it alone
-        try:
-            live.request("big", 1)
-            assert len(names_of(live.tag)) == 1
-            os.kill(process.pid, signal.SIGKILL)
-            process.join(10)
-            assert sweep_orphans() >= 1
-            assert names_of(tag) == []
-            assert len(names_of(live.tag)) == 1
-        finally:
-            live.stop()
-
-
-def test_soak_keeps_descriptors_and_dev_shm_flat():
+def test_soak_keeps_descriptors_and_blocks_flat():
     worker = RemoteWorker("fork")
     me = psutil.Process()
     try:
@@ -126,8 +109,7 @@ def test_soak_keeps_descriptors_and_dev_shm_flat():
             assert float(batch[::1024].sum()) == cycle * len(batch[::1024])  # touch every page
             del batch
             if cycle in (20, 199):
-                own = [name for name in list_names() if name.startswith(f"mploader-{worker.tag}-")]
-                samples.append((me.num_fds(), len(own)))  # not a concurrent test run's names
+                samples.append((me.num_fds(), len(blocks_of([os.getpid(), worker.process.pid]))))
         assert samples[0] == samples[1]
         (statistics,) = worker.main.statistics().workers
         assert statistics.blocks <= 2 and statistics.reuse_hits >= 198

@@ -1,16 +1,20 @@
 """One shared-memory block: create (worker), open (main), map, and unmap when unused.
 
-We map with libc's ``mmap`` through ctypes rather than Python's ``mmap`` module, which keeps a
-duplicate file descriptor open for every mapping (until Python 3.13's ``trackfd=False``).  A
-worker closes its descriptor right after mapping.  The main process keeps one per block it maps
-(:func:`open_block`): the block's name is unlinked once both sides map it, and the descriptor is
-what lets the main process hand the block to the next generation of workers (a new epoch without
-persistent workers, a restarted worker; ``mploader.channel.shm.handover``).  The memory stays
-mapped, and the descriptor open, until the :class:`Mapping` object and every numpy array built on
-it are gone.
+A block is an anonymous memory file (``memfd_create``): shared memory like a ``/dev/shm`` file,
+but not counted against that mount's size (a container's is 64 MB), with no name anyone else can
+open or that can be left behind; it is gone once its last descriptor and mapping are.  The worker
+that creates it hands the descriptor to the main process (``mploader.channel.shm.passage``) and
+closes its own; the main process keeps one per block it maps (:func:`open_block`), which lets it
+hand the block to the next generation of workers (a new epoch without persistent workers, a
+restarted worker; ``mploader.channel.shm.handover``).  The memory stays mapped, and the
+descriptor open, until the :class:`Mapping` object and every numpy array built on it are gone.
 
-Blocks are reserved with ``posix_fallocate`` so that a full tmpfs fails at creation with ENOSPC
-(turned into :class:`SharedMemoryFullError`) and never later with SIGBUS while writing.
+We map with libc's ``mmap`` through ctypes rather than Python's ``mmap`` module, which keeps a
+duplicate file descriptor open for every mapping (until Python 3.13's ``trackfd=False``).
+
+Blocks are reserved with ``posix_fallocate`` before they are used, so that a machine or memory
+cgroup without the memory fails at creation (:class:`SharedMemoryFullError`), not later while
+writing.
 """
 
 from __future__ import annotations
@@ -21,16 +25,12 @@ import errno
 import mmap
 import os
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
-from mploader.channel.shm.errors import BlockVanishedError, SharedMemoryFullError
-from mploader.channel.shm.names import block_path
-from mploader.config import SHM_DIRECTORY
-
-# Tests simulate a nearly full /dev/shm by setting this variable to a number of free bytes; it is
-# read from the environment at each block creation, so it reaches spawned workers too.
-FREE_BYTES_ENV = "MPLOADER_SHM_FREE_BYTES_FOR_TESTING"
+from mploader.channel.shm.errors import SharedMemoryFullError
+from mploader.memory import available_memory
 
 # madvise(MADV_POPULATE_WRITE) (Linux 5.14+) faults in every page of a fresh block in one call,
 # measured cheaper than letting the first copy fault each page (the figures: the performance
@@ -52,15 +52,6 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def free_bytes() -> int:
-    """Bytes an unprivileged process may still allocate in ``/dev/shm`` (or the test override)."""
-    override = os.environ.get(FREE_BYTES_ENV)
-    if override is not None:
-        return int(override)
-    stats = os.statvfs(SHM_DIRECTORY)
-    return stats.f_bavail * stats.f_frsize
 
 
 class Mapping:
@@ -87,30 +78,31 @@ class Mapping:
         return np.asarray(self)
 
 
-def create_block(name: str, size: int) -> Mapping:
-    """Create ``/dev/shm/<name>`` (``O_EXCL``), reserve ``size`` bytes and map it.
+def create_block(size: int, label: str, hand_over: Callable[[int], None]) -> Mapping:
+    """Create an anonymous memory file of ``size`` bytes, reserve and map it, and fault its
+    pages in.  ``hand_over(descriptor)`` sends it to the main process before it is closed here
+    (``label`` names it in ``/proc/<pid>/maps`` as ``/memfd:<label>``).
 
-    Raises :class:`SharedMemoryFullError` when the tmpfs cannot hold ``size`` more bytes, checked
-    with ``statvfs`` first and then enforced by ``posix_fallocate``.
+    Raises :class:`SharedMemoryFullError` when the memory the job may use (the memory cgroup's
+    limit, ``MemAvailable``) cannot hold ``size`` more bytes: checked first, then enforced by
+    ``posix_fallocate``.
     """
-    available = free_bytes()
-    if size > available:
-        raise SharedMemoryFullError.for_block(SHM_DIRECTORY, size, available)
-    path = block_path(name)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    available = available_memory()
+    if size > available.bytes:
+        raise SharedMemoryFullError.for_block(size, available)
+    descriptor = os.memfd_create(label, os.MFD_CLOEXEC)
     try:
+        os.ftruncate(descriptor, size)
         try:
             os.posix_fallocate(descriptor, 0, size)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise SharedMemoryFullError.for_block(SHM_DIRECTORY, size, free_bytes()) from error
+                raise SharedMemoryFullError.for_block(size, available_memory()) from error
             raise
         mapping = _map(descriptor, size, populate=False)
-    except BaseException:
+        hand_over(descriptor)
+    finally:
         os.close(descriptor)
-        os.unlink(path)
-        raise
-    os.close(descriptor)
     # Best effort: on kernels without MADV_POPULATE_WRITE the first copy faults the pages instead.
     _populate_in_chunks(mapping.address, size, _MADV_POPULATE_WRITE)
     return mapping
@@ -151,17 +143,9 @@ def map_descriptor(descriptor: int, size: int) -> Mapping:
         os.close(descriptor)
 
 
-def open_block(name: str, size: int) -> Mapping:
-    """Map an existing block created by a worker (the main process's side), keeping its
-    descriptor, so that the block can be handed to another worker once its name is gone."""
-    try:
-        descriptor = os.open(block_path(name), os.O_RDWR)
-    except FileNotFoundError as error:
-        raise BlockVanishedError(
-            f"shared-memory block {block_path(name)} is gone before the main process mapped it; "
-            f"was it removed by hand, by sweep_orphans() of another process, or did "
-            f"forget_worker() run before this worker's last result was decoded?"
-        ) from error
+def open_block(descriptor: int, size: int) -> Mapping:
+    """Map a block a worker created and sent (the main process's side), keeping ``descriptor``
+    (closed when unmapped), so that the block can be handed to another worker later."""
     try:
         # MAP_POPULATE: fault the whole block in now, once; it is reused for many batches.
         return _map(descriptor, size, populate=True, keep_descriptor=True)

@@ -8,8 +8,10 @@ of a batch is gone, so the worker can reuse the block. ::
     worker                                   main
     ------                                   ----
     encode(batch) -> acquire block,          decode(payload) -> map block once (cache by id),
-      copy leaves, payload                     unlink its name, build views; a lease object per
-                                               batch owns the views' memory
+      copy leaves, payload                     build views; a lease object per batch owns the
+                                               views' memory
+    a new block's descriptor  --passage-->     (SCM_RIGHTS, sent before the first payload naming
+                                               the block: mploader.channel.shm.passage)
     release(block_id, generation)  <--task--  take_releases(): the releases queued when leases
                                      pipe      were garbage-collected
 
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,29 +47,25 @@ from mploader.channel.shm.handover import (
     KeptBlock,
     new_handed_id,
 )
-from mploader.channel.shm.liveness import Claim, LoaderLock, claim_if_abandoned
-from mploader.channel.shm.names import (
-    block_name,
-    check_loader_tag,
-    remove_loader_leftovers,
-    unlink_loader_names,
-    unlink_quietly,
-)
+from mploader.channel.shm.passage import BlockSender, open_passage
 from mploader.channel.shm.pool import Block, BlockPool
 from mploader.channel.shm.stats import ChannelStatistics, PoolStatistics
-from mploader.config import SharedMemoryConfig
+from mploader.config import BudgetChoice, SharedMemoryConfig
 
 _SEQUENCE_MASK = (1 << 32) - 1  # block_id = worker_pid << 32 | sequence
-# A SIGKILLed main process closes its files in its exit, and the kernel may release the pipes,
-# whose hang-up wakes the workers, before the loader's lock: workers that wake and let go at
-# once would each find the lock held and leave the cleanup to nobody.  A worker whose main
-# process is gone tries its claim again this long (it is exiting anyway; the lock goes within
-# microseconds of the pipes, or another process of the loader really lives on).
-_DYING_MAIN_SECONDS = 0.25
-_CLAIM_RETRY_SECONDS = 0.005
 # When each block last carried a batch: one clock for the process, so that the keeper ranks
 # blocks of several of a loader's channels (generations) together.
 _USE_CLOCK = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """What every worker's end needs from the main end (in each worker's spec): the passage's
+    sending socket, and the loader's budget, decided once by the main process (a worker deciding
+    it again would count the blocks earlier workers left as memory the job no longer has)."""
+
+    passage: socket.socket
+    budget: BudgetChoice
 
 
 class WorkerChannel:
@@ -75,7 +74,8 @@ class WorkerChannel:
     The worker loop passes on the releases it reads from its task pipe (:meth:`release`,
     :meth:`retire`); applying one twice is harmless.  ``pipeline_depth``: at most this many of
     the worker's batches are in flight at once (the loader's prefetch factor).  ``handed``: free
-    blocks an earlier worker of the loader filled, which the pool starts with.
+    blocks an earlier worker of the loader filled, which the pool starts with.  ``link``: what
+    the main end's :meth:`MainChannel.worker_link` gave.
     """
 
     def __init__(
@@ -83,24 +83,16 @@ class WorkerChannel:
         config: SharedMemoryConfig,
         worker_id: int,
         num_workers: int,
-        loader_tag: str,
+        link: WorkerLink,
         pipeline_depth: int = 2,
         handed: Sequence[HandedBlock] = (),
     ) -> None:
-        check_loader_tag(loader_tag)
         self.worker_id = worker_id
         self._config = config
-        self._loader_tag = loader_tag
         self._worker_pid = os.getpid()
-        self._lock = LoaderLock(loader_tag, create=False)
-        # Held by whichever thread lets go of the loader's lock and, if it was the last of the
-        # loader, removes the leftovers: the loop closing and the watchdog abandoning may do it
-        # at once, and the one that returns second must find the cleanup done (the process
-        # exits right after; a daemon thread's cleanup dies with it).
-        self._letting_go = threading.Lock()
-        budget = config.effective_budget_bytes() // max(num_workers, 1)
-        self._pool = BlockPool(loader_tag, worker_id, num_workers, budget, config.min_block_bytes,
-                               pipeline_depth, handed)
+        self._sender = BlockSender(link.passage)
+        self._pool = BlockPool(self._sender, worker_id, num_workers, link.budget,
+                               config.min_block_bytes, pipeline_depth, handed)
         self._copier = Copier(copy_threads(num_workers))
         # (block_id, generation) of payloads whose finish() failed, maybe on another thread: a
         # deque's append and popleft are atomic, so the pool is only ever touched by its owner.
@@ -167,41 +159,19 @@ class WorkerChannel:
         )
 
     def close(self) -> None:
-        """Unlink every name the pool still has and unmap its blocks. Idempotent.
-
-        The last process of a loader to close (a worker whose main process was killed) also
-        removes whatever else of the loader is left in ``/dev/shm``.
-        """
+        """Let go of the pool's blocks and the passage. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._copier.close()
         self._pool.close()
-        self._let_go()
+        self._sender.close()
 
     def abandon(self) -> None:
         """The main process is gone (called from the watchdog thread while the worker may be in
-        the middle of a batch): unlink every name of this worker, the block being written
-        included, and refuse new blocks; the process is about to exit. Idempotent."""
+        the middle of a batch): refuse new blocks; the process is about to exit, and its blocks'
+        memory goes with the last process that maps them. Idempotent."""
         self._pool.abandon()
-        self._let_go(main_gone=True)
-
-    def _let_go(self, main_gone: bool = False) -> None:
-        """Let go of the loader's lock; if this was the last process holding it, remove what
-        the loader left.  ``main_gone``: the main process died, and may not have let go yet."""
-        with self._letting_go:
-            if not self._lock.held:
-                return  # let go already, and cleaned up if it was the last (the other thread)
-            self._lock.release()
-            deadline = time.monotonic() + (_DYING_MAIN_SECONDS if main_gone else 0.0)
-            while True:
-                claim = claim_if_abandoned(self._loader_tag)
-                if isinstance(claim, Claim):  # nobody else of the loader is left: clean up
-                    remove_loader_leftovers(self._loader_tag, claim)
-                    return
-                if claim is not None or time.monotonic() >= deadline:
-                    return  # no lock file to decide by; or another process of it lives on
-                time.sleep(_CLAIM_RETRY_SECONDS)
 
     def __enter__(self) -> WorkerChannel:
         return self
@@ -423,11 +393,11 @@ class MainChannel:
     blocks when it closes.
     """
 
-    def __init__(self, config: SharedMemoryConfig, loader_tag: str,
-                 keeper: BlockKeeper | None = None) -> None:
-        check_loader_tag(loader_tag)
-        self._loader_tag = loader_tag
-        self._budget_bytes = config.effective_budget_bytes()
+    def __init__(self, config: SharedMemoryConfig, keeper: BlockKeeper | None = None) -> None:
+        budget = config.effective_budget()
+        self._budget_bytes = budget.bytes
+        self._inbox, sending = open_passage()
+        self._link = WorkerLink(sending, budget)
         self._keeper = keeper
         # Free blocks of ended workers (and the keeper's), by worker id, for that id's next
         # process; and those handed to a process not heard from yet, seeded into its incarnation.
@@ -435,7 +405,6 @@ class MainChannel:
         self._handed: dict[int, dict[int, Mapping]] = {}
         # When each block last carried a batch (a lease) in this channel: what close() keeps.
         self._last_used: weakref.WeakKeyDictionary[Mapping, int] = weakref.WeakKeyDictionary()
-        self._lock = LoaderLock(loader_tag, create=True)  # "alive", for every sweeper
         self._route = _ReleaseRoute()
         self._workers: dict[int, _WorkerIncarnation] = {}
         # Ended workers (by pid) whose received results still wait to be decoded or discarded.
@@ -445,6 +414,10 @@ class MainChannel:
         self._decodes = 0
         self._discards = 0
         self._closed = False
+
+    def worker_link(self) -> WorkerLink:
+        """What every worker's end needs from this one, for the workers' specs."""
+        return self._link
 
     def take_releases(self) -> list[BlockRelease]:
         """The blocks whose last view died since the last call, for their workers to reuse
@@ -498,30 +471,16 @@ class MainChannel:
         tensors that are not plain), which unpickling takes from the worker that sent them."""
         return any(LeafDecoder(payload).envelope()[5] for payload in undelivered)
 
-    def map_undelivered(self, worker_id: int, undelivered: Sequence[bytes]) -> None:
-        """``worker_id`` is about to be asked to stop while the ``undelivered`` payloads it sent
-        still wait to be decoded: map their blocks now, while their names exist (an ending
-        worker removes the names of the blocks the main process has not mapped)."""
-        for payload in undelivered:
-            _, worker_pid, block_ref, retired, statistics, _ = LeafDecoder(payload).envelope()
-            if block_ref is None:
-                continue
-            incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
-            block_id, _, block_size, _ = block_ref
-            mapping = incarnation.mappings.get(block_id)
-            if incarnation.alive and (mapping is None or mapping.size != block_size):
-                self._map(incarnation, block_id, block_size)
-
     def forget_worker(
         self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
     ) -> None:
         """The worker exited or died: stop reporting releases for its blocks, drop its mappings
-        and unlink every name it left behind. Views already handed out stay valid.
+        and the descriptors it sent that were never mapped. Views already handed out stay valid.
 
         ``undelivered`` are the payloads received from it that will still be decoded or
-        discarded (results waiting in the task table): their blocks are mapped now, before the
-        names go, and stay mapped until each payload is decoded or discarded. Call it before a
-        replacement with the same ``worker_id`` sends results.
+        discarded (results waiting in the task table): their blocks are mapped now and stay
+        mapped until each payload is decoded or discarded. Call it before a replacement with the
+        same ``worker_id`` sends results.
         """
         with self._route.lock:
             incarnation = self._workers.get(worker_id)
@@ -540,10 +499,10 @@ class MainChannel:
                 incarnation.mappings = kept
                 if kept:
                     self._departed[incarnation.worker_pid] = incarnation
+                self._inbox.drop_worker(incarnation.worker_pid)
             # Handed to a process that ended before it sent anything: free still.
             self._spare.setdefault(worker_id, []).extend(
                 KeptBlock(mapping, 0) for mapping in self._handed.pop(worker_id, {}).values())
-        unlink_loader_names(self._loader_tag, worker_id, worker_pid)
 
     def statistics(self) -> ChannelStatistics:
         with self._route.lock:
@@ -567,8 +526,8 @@ class MainChannel:
             )
 
     def close(self) -> None:
-        """Stop reporting releases, drop every mapping, and unlink any name of this loader.
-        Idempotent. Batches already delivered stay valid."""
+        """Stop reporting releases, drop every mapping and the passage. Idempotent. Batches
+        already delivered stay valid."""
         if self._closed:
             return
         self._closed = True
@@ -582,8 +541,7 @@ class MainChannel:
             self._workers.clear()
             self._departed.clear()
             self._keep_spare_blocks()
-        unlink_loader_names(self._loader_tag)
-        self._lock.release(remove=True)
+            self._inbox.close()
 
     def __enter__(self) -> MainChannel:
         return self
@@ -664,6 +622,8 @@ class MainChannel:
             incarnation.mappings.update(self._handed.pop(worker_id, {}))
         for block_id in retired:
             incarnation.mappings.pop(block_id, None)
+        if retired:
+            self._inbox.drop(worker_pid, retired)
         self._reported[worker_id] = statistics
         return incarnation
 
@@ -698,18 +658,21 @@ class MainChannel:
         return np.asarray(lease)
 
     def _map(self, incarnation: _WorkerIncarnation, block_id: int, block_size: int) -> Mapping:
-        """Map a block of a live worker by its name, which goes once both sides map it."""
-        name = self._block_name(incarnation, block_id)
-        mapping = open_block(name, block_size)
-        unlink_quietly(name)  # both sides hold it now; nothing can leak past our mapping
+        """Map a block of a live worker, from the descriptor it sent."""
+        mapping = self._open(incarnation, block_id, block_size)
         incarnation.mappings[block_id] = mapping
         return mapping
+
+    def _open(self, incarnation: _WorkerIncarnation, block_id: int, block_size: int) -> Mapping:
+        with self._route.lock:
+            descriptor = self._inbox.take(incarnation.worker_pid, block_id, block_size)
+        return open_block(descriptor, block_size)
 
     def _retain(
         self, incarnation: _WorkerIncarnation, undelivered: Sequence[bytes]
     ) -> dict[int, Mapping]:
         """The mappings of the blocks ``undelivered`` payloads refer to: cached, or mapped now
-        (while the worker's names still exist)."""
+        (before the descriptors the worker sent are dropped)."""
         kept: dict[int, Mapping] = {}
         for payload in undelivered:
             _, worker_pid, block_ref, _, _, _ = LeafDecoder(payload).envelope()
@@ -718,7 +681,7 @@ class MainChannel:
             block_id, _, block_size, _ = block_ref
             mapping = incarnation.mappings.get(block_id)
             if mapping is None or mapping.size != block_size:
-                mapping = open_block(self._block_name(incarnation, block_id), block_size)
+                mapping = self._open(incarnation, block_id, block_size)
             kept[block_id] = mapping
         return kept
 
@@ -738,12 +701,6 @@ class MainChannel:
             hold = self._route.hold(lease_key) if lease_key is not None else None
             self._spare.setdefault(incarnation.worker_id, []).append(
                 KeptBlock(mapping, self._last_used.get(mapping, 0), hold))
-
-    def _block_name(self, incarnation: _WorkerIncarnation, block_id: int) -> str:
-        return block_name(
-            self._loader_tag, incarnation.worker_id, incarnation.worker_pid,
-            block_id & _SEQUENCE_MASK,
-        )
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,7 +1,7 @@
 """Blocks that outlive their worker: kept by the main process, handed to the next one.
 
-A block's name lives only until both sides map it; afterwards the main process holds the block by
-its mapping and a descriptor (``mploader.channel.shm.block.open_block``).  When a generation of
+The main process holds every block it mapped by its mapping and a descriptor (the one the worker
+sent, ``mploader.channel.shm.block.open_block``).  When a generation of
 workers ends (an epoch without persistent workers, a loader shut down) or one worker dies and is
 replaced, the main process keeps the blocks no batch holds and hands them to the new workers,
 which fill them again instead of creating, faulting in and mapping new ones:

@@ -32,17 +32,14 @@ from mploader.channel.shm.errors import (
     SharedMemoryFullError,
 )
 from mploader.channel.shm.handover import HandedBlock
-from mploader.channel.shm.names import block_name, unlink_loader_names, unlink_quietly
+from mploader.channel.shm.passage import BlockSender
+from mploader.config import BudgetChoice
 
 _PAGE = 4096
 
 # A free block up to this many times the size class a batch needs is reused rather than creating
 # a new block while under budget; larger ones would waste memory for the batch's lifetime.
 _REUSE_OVERSIZE_FACTOR = 2
-
-def _unlink_name(block: Block) -> None:
-    if block.name:  # a handed block has none left
-        unlink_quietly(block.name)
 
 
 def size_class(nbytes: int, min_block_bytes: int) -> int:
@@ -63,7 +60,6 @@ class Block:
     """One block of the pool, with the bookkeeping the pool needs about it."""
 
     block_id: int
-    name: str
     size: int
     mapping: shm_block.Mapping
     array: np.ndarray  # uint8 over the whole block, for writing
@@ -77,10 +73,10 @@ class BlockPool:
 
     def __init__(
         self,
-        loader_tag: str,
+        sender: BlockSender,
         worker_id: int,
         num_workers: int,
-        budget_bytes: int,
+        budget: BudgetChoice,
         min_block_bytes: int,
         pipeline_depth: int,
         handed: Sequence[HandedBlock] = (),
@@ -88,16 +84,17 @@ class BlockPool:
         self.worker_id = worker_id
         self._pipeline_depth = pipeline_depth
         self.worker_pid = os.getpid()
-        self.budget_bytes = budget_bytes
-        self._loader_tag = loader_tag
+        self.budget_bytes = budget.bytes // max(num_workers, 1)
+        self._budget_reason = budget.reason
+        self._sender = sender
         self._num_workers = num_workers
         self._min_block_bytes = min_block_bytes
         self._blocks: dict[int, Block] = {}
         self._sequence = itertools.count()
         self._clock = itertools.count(1)
         self._retired: list[int] = []
-        # Held while a block is created and registered, so that abandon() (the watchdog thread)
-        # sees every name this pool ever made, the one being created included.
+        # Held while a block is created and registered, so that after abandon() (the watchdog
+        # thread) no block is created.
         self._create_lock = threading.Lock()
         self._abandoned = False
         self._warned_growth = False
@@ -156,7 +153,6 @@ class BlockPool:
             self.stale_releases += 1
             return
         del self._blocks[block_id]
-        _unlink_name(block)
         self.bytes -= block.size
         self.evictions += 1
         self._retired.append(block_id)
@@ -168,19 +164,15 @@ class BlockPool:
         return retired
 
     def close(self) -> None:
-        """Unlink every name this pool still has (the main process may have done it) and unmap."""
-        for block in self._blocks.values():
-            _unlink_name(block)
+        """Let go of every block (unmapped once no array of this process uses it)."""
         self._blocks.clear()
         self.bytes = 0
 
     def abandon(self) -> None:
-        """The main process is gone: unlink every name of this worker process (even one being
-        created or written this very moment, in another thread) and create no more.  The
-        mappings stay: the worker's own thread may still be writing into them."""
+        """The main process is gone: create no more blocks.  The mappings stay (the worker's
+        own thread may still be writing into them) and go with the process."""
         with self._create_lock:
             self._abandoned = True
-            unlink_loader_names(self._loader_tag, self.worker_id, self.worker_pid)
 
     @property
     def blocks(self) -> int:
@@ -191,10 +183,9 @@ class BlockPool:
         return sum(block.in_use for block in self._blocks.values())
 
     def _adopt(self, handed: HandedBlock) -> None:
-        """A free block of an earlier worker of the loader: it has no name (the main process
-        holds it by descriptor), so there is nothing to unlink when it is evicted."""
+        """A free block of an earlier worker of the loader (the main process holds it)."""
         mapping = handed.map_in_worker()
-        self._blocks[handed.block_id] = Block(handed.block_id, "", handed.size, mapping,
+        self._blocks[handed.block_id] = Block(handed.block_id, handed.size, mapping,
                                               mapping.array())
         self.bytes += handed.size
         self.handed_blocks += 1
@@ -221,7 +212,8 @@ class BlockPool:
         if size > self.budget_bytes:
             size = -(-nbytes // _PAGE) * _PAGE  # no rounding to a class: fit the budget exactly
         if size > self.budget_bytes:
-            raise BatchTooLargeError.for_batch(nbytes, self.budget_bytes, self._num_workers)
+            raise BatchTooLargeError.for_batch(nbytes, self.budget_bytes, self._num_workers,
+                                               self._budget_reason)
         return size
 
     def _find_free_block(self, nbytes: int) -> Block | None:
@@ -261,20 +253,25 @@ class BlockPool:
                     f"worker {self.worker_id} (pid {self.worker_pid}) creates no more "
                     f"shared-memory blocks: its main process is gone"
                 )
-            return self._create_named(size)
+            return self._create_and_send(size)
 
-    def _create_named(self, size: int) -> Block:
-        sequence = next(self._sequence)
-        name = block_name(self._loader_tag, self.worker_id, self.worker_pid, sequence)
+    def _create_and_send(self, size: int) -> Block:
+        """A new block, its descriptor sent to the main process before any payload names it."""
+        block_id = (self.worker_pid << 32) | next(self._sequence)
+        label = f"mploader-w{self.worker_id}"
+
+        def hand_over(descriptor: int) -> None:
+            self._sender.send(block_id, size, descriptor)
+
         try:
-            mapping = shm_block.create_block(name, size)
+            mapping = shm_block.create_block(size, label, hand_over)
         except SharedMemoryFullError:
             if not any(not block.in_use for block in self._blocks.values()):
                 raise
-            # Our own free blocks may be what fills /dev/shm: give them back and try once more.
+            # Our own free blocks may be what uses the memory: give them back, try once more.
             self._evict_until(0)
-            mapping = shm_block.create_block(name, size)
-        block = Block((self.worker_pid << 32) | sequence, name, size, mapping, mapping.array())
+            mapping = shm_block.create_block(size, label, hand_over)
+        block = Block(block_id, size, mapping, mapping.array())
         self._blocks[block.block_id] = block
         self.bytes += size
         self.reuse_misses += 1
@@ -290,7 +287,6 @@ class BlockPool:
             if self.bytes <= target_bytes:
                 break
             del self._blocks[block.block_id]
-            _unlink_name(block)
             self.bytes -= block.size
             self.evictions += 1
             self._retired.append(block.block_id)
