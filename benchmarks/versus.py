@@ -296,6 +296,9 @@ class Workload:
     # the target also asks mploader to take at most this many 602 MB memcpys a batch
     memcpy_bound: float | None = None
     child_args: tuple[str, ...] = ()  # container: the arguments of its subprocess
+    # mploader's side is torch's own DataLoader, iterated under mploader.install() (Lightning,
+    # PyG), instead of mploader.DataLoader
+    via_install: bool = False
 
     @property
     def unit(self) -> str:
@@ -435,6 +438,15 @@ def build_workloads(quick: bool) -> list[Workload]:
                                "persistent_workers": persistence},
             _large_expected(), touch_pages, batches, 0,
         ))
+    # large_epochs through mploader.install(): torch's own DataLoader gets the same handover of
+    # blocks from one generation of workers to the next.
+    workloads.append(Workload(
+        "large_epochs_install", "epochs",
+        "large_epochs with torch's DataLoader under mploader.install() on mploader's side",
+        "-", 1.0, 2.0,
+        FreshLargeArrays, {"batch_size": None, "num_workers": 1, **fork},
+        _large_expected(), touch_pages, batches, 0, via_install=True,
+    ))
     batches, warm = sizes((330, 30), (100, 20))
     workloads.append(Workload(
         "medium", "throughput", "2 workers, 32 uint8 images 3x224x224 (4.8 MB)",
@@ -1083,7 +1095,14 @@ def run_workload(result: Result, repeats: int, watchdog: Watchdog,
                 result.error_side = side  # what a hang would be blamed on
                 watchdog.start(f"{workload.name} repetition {repetition + 1} ({side})")
                 try:
-                    figure, summary = run(loader_class, workload, dataset, expected)
+                    if workload.via_install and side == "mploader":
+                        from mploader import install  # see the note at the imports
+
+                        with install():
+                            figure, summary = run(torch.utils.data.DataLoader, workload,
+                                                  dataset, expected)
+                    else:
+                        figure, summary = run(loader_class, workload, dataset, expected)
                 except LoaderFailed as failure:  # the container workload: its result
                     result.error_side = None
                     result.failures[side] = failure.text

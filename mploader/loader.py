@@ -19,7 +19,6 @@ import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from mploader.channel.shm.handover import BlockKeeper
 from mploader.iterator.latest import LatestStats
 from mploader.monitor.stats import LoaderStats
 from mploader.worker.hooks import WorkerHooks
@@ -103,9 +102,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.worker_threads = worker_threads
         self._latest_stats = LatestStats()  # what stats() answers from
-        # The shared-memory blocks kept from one iterator to the next: an epoch without
-        # persistent workers fills the blocks of the one before (mploader.channel.shm.handover).
-        self._block_keeper = BlockKeeper()
         self.resume_tracker = (_make_resume_tracker(self, self._latest_stats)
                                if snapshot_every_n_steps is not None else None)
         _warm_up_zygote(num_workers, self.multiprocessing_context)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from mploader.channel.shm.handover import keeper_of
 from mploader.compat import torch as torch_compat
 from mploader.worker.fetch import FetchSettings
 
@@ -41,13 +42,15 @@ class LoaderSettings:
     worker_threads: int = 1  # fetches each worker runs at once; 1 = the classic worker loop
     latest_stats: Any = None  # the loader's LatestStats (DataLoader.stats()); None: a torch loader
     # The loader's BlockKeeper: shared-memory blocks kept from one iterator to the next (an
-    # epoch without persistent workers); None: a torch loader (install()), blocks die with each.
+    # epoch without persistent workers), for torch's loaders under install() too; None: the
+    # loader cannot be weakly referenced, or uses no shared memory.
     block_keeper: Any = None
 
 
 def settings_of(loader: Any) -> LoaderSettings:
     from mploader.config import resolve_shared_memory
 
+    shared_memory = resolve_shared_memory(getattr(loader, "shared_memory", True))
     return LoaderSettings(
         fetch=FetchSettings(
             dataset=loader.dataset,
@@ -68,11 +71,11 @@ def settings_of(loader: Any) -> LoaderSettings:
         pin_memory=loader.pin_memory,
         pin_memory_device=loader.pin_memory_device,
         worker_hooks=getattr(loader, "worker_hooks", None),
-        shared_memory=resolve_shared_memory(getattr(loader, "shared_memory", True)),
+        shared_memory=shared_memory,
         max_worker_restarts=getattr(loader, "max_worker_restarts", 0),
         tracer=getattr(loader, "trace_recorder", None),
         resume=getattr(loader, "resume_tracker", None),
         worker_threads=getattr(loader, "worker_threads", 1),
         latest_stats=getattr(loader, "_latest_stats", None),
-        block_keeper=getattr(loader, "_block_keeper", None),
+        block_keeper=keeper_of(loader) if shared_memory is not None else None,
     )

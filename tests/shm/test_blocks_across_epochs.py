@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 import mploader
 from mploader import finalizers
+from mploader.channel.shm.handover import keeper_of
 from tests.leaks import is_block
 
 pytestmark = pytest.mark.timeout(90)
@@ -113,6 +114,26 @@ def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method:
     assert _block_descriptors() == []  # the kept blocks went with the loader
 
 
+def test_a_torch_loader_under_install_fills_the_same_blocks_too() -> None:
+    """``mploader.install()`` (Lightning, PyG build torch's DataLoader): its epochs without
+    persistent workers reuse the blocks of the one before, as ``mploader.DataLoader``'s do,
+    and the kept blocks go with the loader."""
+    assert _block_descriptors() == []
+    with mploader.install():
+        loader = torch.utils.data.DataLoader(Blocks(8), batch_size=None, num_workers=2,
+                                             multiprocessing_context="fork")
+        seen = _epoch_inodes(loader)
+        for _epoch in range(2):
+            filled = _epoch_inodes(loader)
+            assert len(filled & seen) >= len(filled) - 2, (filled, seen)
+            seen |= filled
+        assert _block_descriptors()  # kept between epochs
+        del loader
+    gc.collect()
+    finalizers.settle(10)
+    assert _block_descriptors() == []
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_the_last_batch_held_into_the_next_epoch_does_not_cost_a_block(start_method: str) -> None:
     """``for batch in loader:`` holds each epoch's last batch until the next epoch's first one:
@@ -176,14 +197,14 @@ def test_a_batch_kept_across_the_epoch_boundary_is_not_refilled() -> None:
 
 
 def test_a_loader_still_pickles_and_copies() -> None:
-    """A new loader pickles and copies as torch's does (its keeper's lock did not)."""
+    """A new loader pickles and copies as torch's does, and the copy starts with no blocks."""
     import copy
     import pickle
 
     loader = mploader.DataLoader(Blocks(4), batch_size=None, num_workers=1,
                                  multiprocessing_context="fork")
     for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
-        assert clone._block_keeper.kept_bytes == 0
+        assert keeper_of(clone).kept_bytes == 0
         assert _epoch_inodes(clone)
 
 

@@ -6,9 +6,10 @@ workers ends (an epoch without persistent workers, a loader shut down) or one wo
 replaced, the main process keeps the blocks no batch holds and hands them to the new workers,
 which fill them again instead of creating, faulting in and mapping new ones:
 
-* :class:`BlockKeeper` is the loader's: it holds the free blocks between two iterators (two
-  epochs without persistent workers), within the shared-memory budget, and lets them go with
-  the loader.
+* :class:`BlockKeeper` is the loader's (:func:`keeper_of`, the one way to it, for an
+  ``mploader.DataLoader`` and for a torch ``DataLoader`` under ``mploader.install()`` alike): it
+  holds the free blocks between two iterators (two epochs without persistent workers), within
+  the shared-memory budget, and lets them go with the loader.
 * :class:`HandedBlock` is one block on its way to a worker, inside the worker's spec.  Under fork
   the worker finds the main process's own mapping in its copy of memory; for spawn and
   forkserver the spec is pickled, and the block travels as a descriptor handed to the child
@@ -31,6 +32,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,3 +170,26 @@ class BlockKeeper:
     def close(self) -> None:
         with self._lock:
             self._blocks = {}
+
+
+# Every loader's keeper, by the loader's id(), dropped when the loader goes (weakref.finalize):
+# not an attribute of the loader, so that a torch DataLoader gets one as an mploader.DataLoader
+# does, and a pickled or copied loader starts without one, as torch's holds no blocks.  Reads
+# and writes are single dict operations, atomic under the GIL: a loader's finalizer may run
+# inside a garbage collection anywhere, so nothing here takes a lock (mploader.finalizers).
+_keepers: dict[int, BlockKeeper] = {}
+
+
+def keeper_of(loader: object) -> BlockKeeper | None:
+    """``loader``'s keeper, made at its first call; ``None`` for an object that cannot be
+    weakly referenced (its blocks then die with each iterator)."""
+    key = id(loader)
+    keeper = _keepers.get(key)
+    if keeper is not None:
+        return keeper
+    try:
+        finalizer = weakref.finalize(loader, _keepers.pop, key, None)
+    except TypeError:
+        return None
+    finalizer.atexit = False  # the process's exit unmaps everything anyway
+    return _keepers.setdefault(key, BlockKeeper())
