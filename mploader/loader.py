@@ -4,8 +4,9 @@ A subclass of the installed torch's ``DataLoader``: its ``__init__`` takes mploa
 additions, checks them, and hands every torch argument to ``torch.utils.data.DataLoader.__init__``,
 so that each torch version (2.6 to 2.14) applies its own defaults, checks, warnings and error
 messages.  ``__len__``, ``multiprocessing_context`` and the attributes frozen after construction
-are torch's too.  What mploader replaces is where ``__iter__`` gets its iterator
-(``_get_iterator``), and ``__iter__`` itself, which wraps each epoch for resume tracking.
+are torch's too.  What mploader replaces is where ``__iter__`` gets its iterator (torch's
+factory method, set through ``mploader.compat.torch``), and ``__iter__`` itself, which wraps each
+epoch for resume tracking.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
+from mploader.compat import torch as torch_compat
 from mploader.iterator.latest import LatestStats
 from mploader.monitor.stats import LoaderStats
 from mploader.worker.hooks import WorkerHooks
@@ -114,13 +116,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
     def _iter_epoch(self) -> Any:
         if self.persistent_workers and self.num_workers > 0:
-            iterator = self._iterator
-            if iterator is None or getattr(iterator, "_shutdown", False):
-                self._iterator = self._get_iterator()
+            iterator = torch_compat.persistent_iterator(self)
+            if iterator is None or iterator.is_shut_down:
+                iterator = torch_compat.new_iterator(self)
+                torch_compat.set_persistent_iterator(self, iterator)
             else:
                 iterator._reset(self)
-            return self._iterator
-        return self._get_iterator()
+            return iterator
+        return torch_compat.new_iterator(self)
 
     def stats(self) -> LoaderStats:
         """A frozen snapshot of the live iterator (or of the last one, once its epoch ended):
@@ -158,8 +161,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             return
         tracker.configure(self)
         tracker.load_state_dict(state_dict)
-        iterator: Any = self._iterator
-        self._iterator = None
+        iterator: Any = torch_compat.persistent_iterator(self)
+        torch_compat.set_persistent_iterator(self, None)
         if iterator is not None:  # persistent workers of the old position: not reusable
             iterator._shutdown_workers()
 
@@ -171,7 +174,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             )
         return self.resume_tracker
 
-    def _get_iterator(self) -> Any:
+    def _make_iterator(self) -> Any:
+        """mploader's iterator: torch's factory method of this class (set below)."""
         from mploader.iterator.factory import make_iterator
 
         if self.num_workers > 0:
@@ -182,6 +186,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             self.trace_recorder = Tracer(self.trace)
         return make_iterator(self)
 
+
+
+# torch's __iter__ gets every iterator from this method (its name: mploader.compat.torch).
+setattr(DataLoader, torch_compat.ITERATOR_FACTORY, DataLoader._make_iterator)
 
 def _warm_up_zygote(num_workers: int, context: Any) -> None:
     """Start the spawn/forkserver zygote now, so its torch import overlaps the user's own set-up

@@ -24,7 +24,7 @@ SAMPLES = [
                       timings=TaskTimings(1.0, 2.0, 3.0), state=WorkerSnapshot(None, {"n": 1})),
     messages.TaskDone(3, 18, 0, error=RemoteError.capture(ValueError("bad"), 0, 1234, [18])),
     messages.IterableExhausted(3, 19, 1, state=WorkerSnapshot(None, None, items=4)),
-    messages.Goodbye(2, 4321),
+    messages.Goodbye(),
 ]
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from mploader.compat.torch import reduce_tensor
+from mploader.compat.torch import reduce_tensor, tensor_types
 
 
 def is_plain(tensor: torch.Tensor) -> bool:
@@ -76,14 +76,9 @@ def reduce_by_value(tensor: torch.Tensor) -> tuple[Any, ...]:
     return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
 
-def _tensor_types() -> tuple[type, ...]:
-    """The types torch registers with ``ForkingPickler`` (dispatch is by exact type)."""
-    return (torch.Tensor, torch.nn.Parameter, *getattr(torch, "_tensor_classes", ()))
-
-
 def tensor_reducers(reduce: Callable[[torch.Tensor], tuple[Any, ...]]) -> dict[type, Any]:
     """Pickler ``dispatch_table`` entries sending every tensor type through ``reduce``."""
-    return dict.fromkeys(_tensor_types(), reduce)
+    return dict.fromkeys(tensor_types(), reduce)
 
 
 # Built once per process (a copy per batch cost microseconds on small batches); torch registers

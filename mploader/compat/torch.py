@@ -112,6 +112,29 @@ def set_iterator_factory(cls: type, factory: Callable[..., Any]) -> None:
     setattr(cls, ITERATOR_FACTORY, factory)
 
 
+def new_iterator(loader: torch.utils.data.DataLoader[Any]) -> Any:
+    """An iterator from ``loader``'s factory, as torch's ``__iter__`` gets one (a subclass's
+    override included)."""
+    return getattr(loader, ITERATOR_FACTORY)()
+
+
+def persistent_iterator(loader: torch.utils.data.DataLoader[Any]) -> Any:
+    """The iterator torch's ``DataLoader`` keeps across epochs for persistent workers (its
+    ``_iterator``, 2.6-2.14), or None."""
+    return loader._iterator
+
+
+def set_persistent_iterator(loader: torch.utils.data.DataLoader[Any], iterator: Any) -> None:
+    loader._iterator = iterator
+
+
+def tensor_types() -> tuple[type, ...]:
+    """The tensor types torch registers with ``ForkingPickler`` (whose dispatch is by exact
+    type): ``Tensor``, ``Parameter`` and the legacy typed tensor classes, listed in the private
+    ``torch._tensor_classes`` (2.6-2.14; none if a version drops it)."""
+    return (torch.Tensor, torch.nn.Parameter, *getattr(torch, "_tensor_classes", ()))
+
+
 # -- Messages of torch's that mploader repeats ------------------------------------------------
 
 # Warned when a worker cannot be started because its arguments do not pickle: 2.10 and later

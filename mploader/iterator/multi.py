@@ -177,6 +177,12 @@ class MultiProcessIterator(BaseIterator):
     def _workers(self) -> list[Any]:
         return self._group.processes
 
+    @property
+    def is_shut_down(self) -> bool:
+        """Its workers were stopped (an error, ``_shutdown_workers()``): a loader with persistent
+        workers makes a new iterator instead of resetting this one."""
+        return self._shutdown
+
     def _shutdown_workers(self) -> None:
         """Stop the workers now (torch's name, which Lightning and others call); the iterator's
         one shutdown, :func:`_shutdown_iterator`, runs once, here or from its finalizer."""
@@ -253,23 +259,28 @@ class MultiProcessIterator(BaseIterator):
             if (not done or handle.stop_sent or handle.ended
                     or self._table.pending_count(worker_id) != 0):
                 continue
-            undelivered = self._undecoded_of(worker_id)
-            if undelivered is None or self._channel.needs_sender(undelivered):
+            if (self._still_pinning(worker_id)
+                    or self._channel.needs_sender(self._undelivered_of(worker_id))):
                 continue  # asked again once those are decoded
             self._group.stop_worker(worker_id)
 
-    def _undecoded_of(self, worker_id: int) -> list[bytes] | None:
-        """Like :meth:`_undelivered_of` without waiting: None while the pinning thread still
-        decodes some of ``worker_id``'s results."""
-        undecoded = []
+    def _still_pinning(self, worker_id: int) -> bool:
+        """Whether the pinning thread still decodes some of ``worker_id``'s results."""
+        return any(entry.result.pinned is not None and not entry.result.pinned.done()
+                   for entry in self._table.arrived_of(worker_id))
+
+    def _undelivered_of(self, worker_id: int) -> list[bytes]:
+        """Payloads of ``worker_id`` waiting in the table to be decoded: the channel keeps their
+        blocks when the worker ends, so a restart loses none of its finished batches.  Results
+        the pinning thread decodes are done with once it is (waited for)."""
+        undelivered = []
         for entry in self._table.arrived_of(worker_id):
             arrived: _Arrived = entry.result
             if arrived.pinned is not None:
-                if not arrived.pinned.done():
-                    return None
+                futures.wait([arrived.pinned])
             elif arrived.payload is not None:
-                undecoded.append(arrived.payload)
-        return undecoded
+                undelivered.append(arrived.payload)
+        return undelivered
 
     def _tail_of_epoch(self) -> bool:
         """Every task is drawn and some worker has yet to be let go (non-persistent only)."""
@@ -423,18 +434,6 @@ class MultiProcessIterator(BaseIterator):
                                "restarts (max_worker_restarts) were used.")
             raise error
         self._restart(worker_id, held, error)
-
-    def _undelivered_of(self, worker_id: int) -> list[bytes]:
-        """Payloads of ``worker_id`` waiting in the table to be decoded: the channel keeps their
-        blocks when the worker ends, so a restart loses none of its finished batches."""
-        undelivered = []
-        for entry in self._table.arrived_of(worker_id):
-            arrived: _Arrived = entry.result
-            if arrived.pinned is not None:
-                futures.wait([arrived.pinned])  # decoded in the pinning thread: done with it
-            elif arrived.payload is not None:
-                undelivered.append(arrived.payload)
-        return undelivered
 
     def _restart(self, worker_id: int, held: list[TaskEntry], death: Any) -> None:
         """Replace the worker and give its tasks, in order, to the replacement."""

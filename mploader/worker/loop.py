@@ -215,7 +215,7 @@ class WorkerLoop:
         give_heap_back()
         lower_priority_for_exit()
         with contextlib.suppress(OSError):  # the main process closed its end: it waits for nothing
-            self.results.send_bytes(pickle.dumps(Goodbye(self.spec.worker_id, self.pid),
+            self.results.send_bytes(pickle.dumps(Goodbye(),
                                                  protocol=pickle.HIGHEST_PROTOCOL))
 
     # -- reading the task pipe -------------------------------------------------------------------

@@ -18,8 +18,8 @@ The *result pipe* carries, worker -> main:
                                             ``WorkerSnapshot`` or None: see ``worker.resume``)
     IterableExhausted(epoch, task_id)       the worker's dataset iterator ended at this task; the
                                             worker ignores its later tasks of this epoch
-    Goodbye(worker_id)                      the last message: the worker stopped, its hooks ran,
-                                            its names and heap are given back; only the kernel's
+    Goodbye()                               the last message: the worker stopped, its hooks ran,
+                                            its heap is given back; only the kernel's
                                             teardown of the process is left (``process.reaper``)
 
 A ``TaskDone`` whose payload is too big to pickle cheaply says ``payload_follows`` and the payload
@@ -131,13 +131,10 @@ class IterableExhausted:
     state: WorkerSnapshot | None = None
 
 
-@_pickled_as_values
 @dataclass(slots=True)
 class Goodbye:
-    """The worker is done with everything the main process waits for; it exits next."""
-
-    worker_id: int
-    pid: int
+    """The worker is done with everything the main process waits for; it exits next.  No
+    fields: the main process knows whose result pipe it came on."""
 
 
 # A payload at least this large travels as its own frame instead of inside the pickled header:

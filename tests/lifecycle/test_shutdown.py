@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -30,11 +31,16 @@ def test_early_break_stops_workers(start_method):
 
 
 def test_break_in_for_loop_leaves_nothing():
+    """``break`` drops the loop's iterator: its workers stop, with no collection asked for."""
     loader = mploader.DataLoader(Slow(), batch_size=1, num_workers=2,
                                  multiprocessing_context="fork")
+    pids: list[int] = []
     for index, _ in enumerate(loader):
         if index == 2:
+            pids = [child.pid for child in psutil.Process().children()]
             break
+    assert len(pids) >= 2
+    assert wait_until_gone(pids, seconds=3) == []
 
 
 def test_garbage_collected_mid_epoch_in_a_cycle():
@@ -150,13 +156,16 @@ def test_the_sigchld_handler_takes_no_lock():
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_many_workers_ending_together():
-    """Eight workers stopping at once deliver nested SIGCHLDs; thirty rounds must not hang."""
+    """Eight workers stopping at once deliver nested SIGCHLDs; thirty rounds must not hang,
+    and each round's workers are gone before the next starts (none is left a zombie)."""
     for _ in range(30):
         loader = mploader.DataLoader(Slow(length=64, sleep=0.0), batch_size=1, num_workers=8,
                                      multiprocessing_context="fork")
         iterator = iter(loader)
         next(iterator)
+        pids = [process.pid for process in iterator._workers]
         iterator._shutdown_workers()
+        assert wait_until_gone(pids, seconds=5) == []
 
 
 ABANDONED_THEN_FORKED = """

@@ -37,7 +37,7 @@ from mploader.channel.collate import collate_samples
 from mploader.channel.forking import forking_own_worker
 from mploader.channel.protocol import BlockRelease, PendingPayload, ReadyPayload
 from mploader.channel.shm.block import Mapping, open_block
-from mploader.channel.shm.codec import LeafDecoder, LeafEncoder, encode_envelope
+from mploader.channel.shm.codec import BlockRef, Envelope, LeafDecoder, LeafEncoder, encode_envelope
 from mploader.channel.shm.copier import Copier, copy_threads
 from mploader.channel.shm.errors import BlockVanishedError
 from mploader.channel.shm.handover import (
@@ -184,7 +184,7 @@ class WorkerChannel:
         block = self._pool.acquire(encoder.block_bytes) if encoder.block_bytes else None
         block_ref = None
         if block is not None:
-            block_ref = (block.block_id, block.generation, block.size, encoder.block_bytes)
+            block_ref = BlockRef(block.block_id, block.generation, block.size, encoder.block_bytes)
         self._inline_leaves += encoder.inline_leaves
         self._block_leaves += encoder.block_leaves
         self._messages += 1
@@ -437,8 +437,7 @@ class MainChannel:
             for kept in (kept for kept in spare if kept.free):
                 block_id = new_handed_id()
                 handed[block_id] = kept.mapping
-                blocks.append(HandedBlock(block_id, kept.mapping.size, kept.mapping,
-                                          kept.mapping.descriptor))
+                blocks.append(HandedBlock(block_id, kept.mapping))
             return tuple(blocks)
 
     def decode(self, worker_id: int, payload: bytes) -> Any:
@@ -446,30 +445,30 @@ class MainChannel:
         self._check_open()
         self._decodes += 1
         decoder = LeafDecoder(payload)
-        _, worker_pid, block_ref, retired, statistics, _ = decoder.envelope()
-        incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
+        envelope = decoder.envelope()
+        incarnation = self._note_envelope(worker_id, envelope)
         base = None
-        if block_ref is not None:
-            base = self._lease(incarnation, *block_ref)
+        if envelope.block is not None:
+            base = self._lease(incarnation, envelope.block)
         return decoder.batch(base)
 
     def discard(self, worker_id: int, payload: bytes) -> None:
         """A payload that will not be delivered: hand its block back at once, without mapping it."""
         self._check_open()
         self._discards += 1
-        _, worker_pid, block_ref, retired, statistics, _ = LeafDecoder(payload).envelope()
-        incarnation = self._note_envelope(worker_id, worker_pid, retired, statistics)
-        if block_ref is not None:
-            block_id, generation = block_ref[0], block_ref[1]
+        envelope = LeafDecoder(payload).envelope()
+        incarnation = self._note_envelope(worker_id, envelope)
+        block = envelope.block
+        if block is not None:
             if incarnation.alive:
-                self._route.hand_back(incarnation, block_id, generation)
+                self._route.hand_back(incarnation, block.block_id, block.generation)
             else:
-                self._settle_departed(incarnation, block_id)
+                self._settle_departed(incarnation, block.block_id)
 
     def needs_sender(self, undelivered: Sequence[bytes]) -> bool:
         """Whether a payload holds objects pickled by sharing reductions (torch's storages of
         tensors that are not plain), which unpickling takes from the worker that sent them."""
-        return any(LeafDecoder(payload).envelope()[5] for payload in undelivered)
+        return any(LeafDecoder(payload).envelope().needs_sender for payload in undelivered)
 
     def forget_worker(
         self, worker_id: int, worker_pid: int | None, undelivered: Sequence[bytes] = ()
@@ -597,10 +596,9 @@ class MainChannel:
 
     # -- steps of decode ---------------------------------------------------------------------
 
-    def _note_envelope(
-        self, worker_id: int, worker_pid: int, retired: tuple[int, ...], statistics: tuple
-    ) -> _WorkerIncarnation:
+    def _note_envelope(self, worker_id: int, envelope: Envelope) -> _WorkerIncarnation:
         """Find (or start) the worker's incarnation, record its stats, unmap retired blocks."""
+        worker_pid = envelope.worker_pid
         with self._route.lock:
             departed = self._departed.get(worker_pid)
             if departed is not None:
@@ -609,7 +607,8 @@ class MainChannel:
                 ended = _WorkerIncarnation(worker_id, worker_pid)
                 ended.alive = False
                 return ended
-            return self._current_incarnation(worker_id, worker_pid, retired, statistics)
+            return self._current_incarnation(worker_id, worker_pid, envelope.retired,
+                                             envelope.statistics)
 
     def _current_incarnation(
         self, worker_id: int, worker_pid: int, retired: tuple[int, ...], statistics: tuple
@@ -627,15 +626,9 @@ class MainChannel:
         self._reported[worker_id] = statistics
         return incarnation
 
-    def _lease(
-        self,
-        incarnation: _WorkerIncarnation,
-        block_id: int,
-        generation: int,
-        block_size: int,
-        used_bytes: int,
-    ) -> np.ndarray:
+    def _lease(self, incarnation: _WorkerIncarnation, block: BlockRef) -> np.ndarray:
         """The ``uint8`` base array of this batch's views, released when its last view dies."""
+        block_id, generation, block_size, used_bytes = block
         # A departed worker's result: its block was mapped when the worker ended.
         mapping = incarnation.mappings.get(block_id)
         if incarnation.alive and (mapping is None or mapping.size != block_size):
@@ -675,10 +668,10 @@ class MainChannel:
         (before the descriptors the worker sent are dropped)."""
         kept: dict[int, Mapping] = {}
         for payload in undelivered:
-            _, worker_pid, block_ref, _, _, _ = LeafDecoder(payload).envelope()
-            if block_ref is None or worker_pid != incarnation.worker_pid:
+            envelope = LeafDecoder(payload).envelope()
+            if envelope.block is None or envelope.worker_pid != incarnation.worker_pid:
                 continue
-            block_id, _, block_size, _ = block_ref
+            block_id, block_size = envelope.block.block_id, envelope.block.size
             mapping = incarnation.mappings.get(block_id)
             if mapping is None or mapping.size != block_size:
                 mapping = self._open(incarnation, block_id, block_size)

@@ -34,7 +34,7 @@ import io
 import pickle
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -364,11 +364,13 @@ class LeafDecoder(pickle.Unpickler):
         self._base: np.ndarray | None = None
         self._leaves: dict[int, Any] = {}
 
-    def envelope(self) -> tuple:
-        envelope = self.load()
-        if not isinstance(envelope, tuple) or envelope[0] != FORMAT_VERSION:
-            raise ValueError(f"not a mploader shared-memory message (envelope {envelope!r:.80})")
-        return envelope
+    def envelope(self) -> Envelope:
+        fields = self.load()
+        if not isinstance(fields, tuple) or fields[0] != FORMAT_VERSION:
+            raise ValueError(f"not a mploader shared-memory message (envelope {fields!r:.80})")
+        _, worker_pid, block, retired, statistics, needs_sender = fields
+        return Envelope(worker_pid, None if block is None else BlockRef(*block), retired,
+                        statistics, needs_sender)
 
     def batch(self, base: np.ndarray | None) -> Any:
         """The batch; block leaves become views on ``base`` (the block's bytes for this batch)."""
@@ -416,14 +418,34 @@ class LeafDecoder(pickle.Unpickler):
         return self._base
 
 
+class BlockRef(NamedTuple):
+    """The block a payload's large leaves are in, and which use of it (``generation``)."""
+
+    block_id: int
+    generation: int
+    size: int  # the block's
+    used_bytes: int  # the batch's, from the block's start
+
+
+class Envelope(NamedTuple):
+    """The first pickle of a payload, read by :meth:`LeafDecoder.envelope` (a plain tuple on
+    the wire, behind ``FORMAT_VERSION``)."""
+
+    worker_pid: int
+    block: BlockRef | None  # None: every leaf is inline
+    retired: tuple[int, ...]  # block ids the worker evicted since its last payload
+    statistics: tuple  # the worker's PoolStatistics, as a tuple in its field order
+    needs_sender: bool  # holds storages shared by the worker: decode while it lives
+
+
 def encode_envelope(
     worker_pid: int,
-    block_ref: tuple[int, int, int, int] | None,
+    block: BlockRef | None,
     retired: tuple[int, ...],
     statistics: tuple,
     needs_sender: bool,
 ) -> bytes:
-    """The first pickle of a payload, written without memo entries.
+    """The first pickle of a payload (:class:`Envelope`'s fields), written without memo entries.
 
     The decoder reads the envelope and the batch with one Unpickler, whose memo indices keep
     counting across ``load()`` calls; an envelope that memoized anything would shift the batch's
@@ -432,5 +454,6 @@ def encode_envelope(
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.fast = True
-    pickler.dump((FORMAT_VERSION, worker_pid, block_ref, retired, statistics, needs_sender))
+    wire_block = None if block is None else tuple(block)  # no class reference on the wire
+    pickler.dump((FORMAT_VERSION, worker_pid, wire_block, retired, statistics, needs_sender))
     return buffer.getvalue()

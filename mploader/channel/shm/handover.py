@@ -51,31 +51,37 @@ def new_handed_id() -> int:
 
 
 class HandedBlock:
-    """A kept block on its way to a worker (a field of its spec)."""
+    """A kept block on its way to a worker (a field of its spec): the main process's mapping,
+    which a forked worker finds in its copy of memory; unpickled in a spawned or forkserver
+    worker, the descriptor that came with it instead."""
 
-    __slots__ = ("block_id", "descriptor", "mapping", "size")
+    __slots__ = ("_arrived_descriptor", "_mapping", "block_id", "size")
 
-    def __init__(self, block_id: int, size: int, mapping: Mapping | None, descriptor: int) -> None:
+    def __init__(self, block_id: int, mapping: Mapping) -> None:
         self.block_id = block_id
-        self.size = size
-        self.mapping = mapping  # the main process's (under fork, inherited with the memory)
-        self.descriptor = descriptor
+        self.size = mapping.size
+        self._mapping: Mapping | None = mapping
+        self._arrived_descriptor = -1
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled for a spawned or forkserver worker: the descriptor travels, not the mapping."""
+        assert self._mapping is not None, "a handed block travels once, from the main process"
         return (_arrived, (self.block_id, self.size,
-                           cpython.descriptor_for_child(self.descriptor)))
+                           cpython.descriptor_for_child(self._mapping.descriptor)))
 
     def map_in_worker(self) -> Mapping:
         """The block mapped in this worker; its page tables are filled later, off the start-up
         path (:func:`mploader.channel.shm.block.populate`, from the pool's thread)."""
-        if self.mapping is not None:  # forked: the main process's mapping, in our copy of memory
-            return self.mapping
-        return shm_block.map_descriptor(self.descriptor, self.size)
+        if self._mapping is not None:  # forked: the main process's mapping, in our memory
+            return self._mapping
+        return shm_block.map_descriptor(self._arrived_descriptor, self.size)
 
 
 def _arrived(block_id: int, size: int, descriptor: Any) -> HandedBlock:
-    return HandedBlock(block_id, size, None, descriptor.detach())
+    block = HandedBlock.__new__(HandedBlock)
+    block.block_id, block.size = block_id, size
+    block._mapping, block._arrived_descriptor = None, descriptor.detach()
+    return block
 
 
 class Hold:

@@ -104,7 +104,6 @@ class BlockPool:
         self.reuse_misses = 0
         self.evictions = 0
         self.stale_releases = 0
-        self.handed_blocks = 0  # blocks a previous worker filled, handed to this one
         for handed_block in handed:
             self._adopt(handed_block)
         self._populate_handed_blocks()
@@ -188,7 +187,6 @@ class BlockPool:
         self._blocks[handed.block_id] = Block(handed.block_id, handed.size, mapping,
                                               mapping.array())
         self.bytes += handed.size
-        self.handed_blocks += 1
 
     def _populate_handed_blocks(self) -> None:
         """Fill the handed blocks' page tables on a thread, while the worker fetches its first
