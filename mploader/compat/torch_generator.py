@@ -26,7 +26,9 @@ from typing import Any
 import torch
 
 _default_generator = torch.default_generator
-_MT_WORDS = 624
+# The Mersenne Twister's state words (MT19937: torch's CPU generator, CPython's random, numpy's
+# legacy RandomState): the one definition mploader reads them by.
+MT_WORDS = 624
 
 STATE_BYTES = _default_generator.get_state().numel()
 _StateArray = ctypes.c_char * STATE_BYTES  # the array type made once, not per call (measured)
@@ -60,7 +62,7 @@ def engine_reader(watched_words: int) -> Callable[[], Any] | None:
         return None
     head = (ctypes.c_char * (_ENGINE_HEAD_BYTES + watched_words * 4)).from_address(
         address - _ENGINE_HEAD_BYTES)  # read in place, made once
-    normal_cache = (ctypes.c_char * _NORMAL_CACHE_BYTES).from_address(address + _MT_WORDS * 4)
+    normal_cache = (ctypes.c_char * _NORMAL_CACHE_BYTES).from_address(address + MT_WORDS * 4)
     reader = lambda: (head.raw, normal_cache.raw)  # noqa: E731
     return reader if _draws_change(reader) else None
 
@@ -87,12 +89,12 @@ def _engine_words_address() -> int | None:
     if not implementation:
         return None
     state = bytes(_default_generator.get_state().numpy())
-    widened = array.array("Q", state[_STATE_WORDS_AT:_STATE_WORDS_AT + _MT_WORDS * 8])
+    widened = array.array("Q", state[_STATE_WORDS_AT:_STATE_WORDS_AT + MT_WORDS * 8])
     needle = array.array("I", widened[:16]).tobytes()
     with open("/proc/self/mem", "rb", buffering=0) as memory:  # EIO, not SIGSEGV, if unmapped
         memory.seek(implementation)
         nearby = memory.read(_SEARCHED_BYTES)
     offset = nearby.find(needle)
-    if offset < _ENGINE_HEAD_BYTES or offset + _MT_WORDS * 4 + _NORMAL_CACHE_BYTES > len(nearby):
+    if offset < _ENGINE_HEAD_BYTES or offset + MT_WORDS * 4 + _NORMAL_CACHE_BYTES > len(nearby):
         return None  # not found, or the window read in place would reach past what was read
     return implementation + offset

@@ -184,8 +184,7 @@ class WorkerGroup:
         """Workers that started after the group was shut down: nobody will talk to them."""
         for handle, _ in prepared:
             if handle.process.pid is not None:
-                handle.process.kill()
-                handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+                reaper.kill_and_collect(handle.process, handle.worker_id)
 
     @property
     def forking(self) -> bool:
@@ -403,8 +402,7 @@ class WorkerGroup:
         if not reaper.ended_within(handle.process, REAP_SECONDS):
             _log.warning("worker %d (pid %s): its sentinel closed but it still runs; killing it",
                          handle.worker_id, handle.pid)
-            handle.process.kill()
-            handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+            reaper.kill_and_collect(handle.process, handle.worker_id)
         self._note_ended(handle, WorkerState.EXITED if handle.process.exitcode == 0
                          else WorkerState.CRASHED)
 
@@ -462,8 +460,7 @@ class WorkerGroup:
             self._wait_for_exits(TERMINATE_GRACE_SECONDS, drained)
             for handle in self.handles:
                 if not handle.ended and handle.process.is_alive():
-                    handle.process.kill()
-                    handle.process.join(timeout=TERMINATE_GRACE_SECONDS)
+                    reaper.kill_and_collect(handle.process, handle.worker_id)
         finally:
             self._release_resources()
             self.unclean_exits = [handle for handle in running if not handle.exited_cleanly]

@@ -91,10 +91,7 @@ def _wait_for_exit(process: Any, worker_id: int) -> None:
         process.terminate()
         if ended_within(process, TERMINATE_GRACE_SECONDS):
             return
-        process.kill()
-        if not ended_within(process, TERMINATE_GRACE_SECONDS):
-            _log.warning("worker %d (pid %s) outlived SIGKILL by %.1f s; no longer waiting "
-                         "for it", worker_id, process.pid, TERMINATE_GRACE_SECONDS)
+        kill_and_collect(process, worker_id)
     except Exception:  # a daemon thread: say what went wrong, never raise into nowhere
         _log.exception("waiting for worker %d (pid %s) to exit failed", worker_id, process.pid)
     finally:
@@ -111,6 +108,15 @@ def _forget_parent_state() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_state)
+
+
+def kill_and_collect(process: Any, worker_id: int) -> None:
+    """SIGKILL ``process`` and collect its exit status, waiting ``TERMINATE_GRACE_SECONDS`` at
+    most (:func:`ended_within`, never ``join``'s blocking ``waitpid``)."""
+    process.kill()
+    if not ended_within(process, TERMINATE_GRACE_SECONDS):
+        _log.warning("worker %d (pid %s) outlived SIGKILL by %.1f s; no longer waiting for it",
+                     worker_id, process.pid, TERMINATE_GRACE_SECONDS)
 
 
 def ended_within(process: Any, seconds: float) -> bool:

@@ -46,7 +46,6 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency, optional for torch
     np = None  # type: ignore[assignment]
 
-_MT_WORDS = 624
 # A fingerprint reads a Mersenne Twister's position and its first words, not all 624: each draw
 # moves the position, and a draw that brings it back round (624 words) regenerates every word.
 # Reading 2.5 KB three times a batch (cold, between two fetches) was most of what state tracking
@@ -176,7 +175,8 @@ def _numpy_fingerprint() -> Callable[[], Any] | None:
     if not isinstance(address, int):
         return None
     words = (ctypes.c_char * (_WATCHED_WORDS * 4)).from_address(address)  # read in place
-    position = ctypes.c_int.from_address(address + _MT_WORDS * 4)  # pos, after key[624]
+    # pos, after key[624]
+    position = ctypes.c_int.from_address(address + torch_generator.MT_WORDS * 4)
     return lambda: (words.raw, position.value)
 
 

@@ -127,5 +127,5 @@ def test_an_engine_reader_that_draws_do_not_change_is_refused(
     buffer = (ctypes.c_char * len(still)).from_buffer(still)
     monkeypatch.setattr(torch_generator, "_engine_words_address",
                         lambda: ctypes.addressof(buffer) + 20)
-    monkeypatch.setattr(torch_generator, "_MT_WORDS", 0)  # the normal cache inside the buffer
+    monkeypatch.setattr(torch_generator, "MT_WORDS", 0)  # the normal cache inside the buffer
     assert torch_generator.engine_reader(8) is None
