@@ -90,15 +90,9 @@ def _wait_or_kill(pid: int, seconds: float) -> int:
     raise AssertionError(f"the forked child {pid} did not end within {seconds} s")
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["", "restart"])
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
-def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method: str,
-                                                   restart: bool) -> None:
-    assert _block_descriptors() == []
-    dataset = Blocks(8, str(tmp_path / "killed"), kill_at=3 if restart else -1)
-    loader = mploader.DataLoader(dataset, batch_size=None, num_workers=2,
-                                 multiprocessing_context=start_method,
-                                 max_worker_restarts=1 if restart else 0)
+def _fills_the_same_blocks(loader: torch.utils.data.DataLoader) -> None:
+    """Three epochs of ``loader`` reuse their blocks, which outlive the epochs and go with the
+    loader (whose last reference the caller hands over)."""
     seen = _epoch_inodes(loader)
     assert 0 not in seen  # every batch came through a block
     for _epoch in range(2):
@@ -114,24 +108,26 @@ def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method:
     assert _block_descriptors() == []  # the kept blocks went with the loader
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["", "restart"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_the_next_generation_fills_the_same_blocks(tmp_path: Path, start_method: str,
+                                                   restart: bool) -> None:
+    assert _block_descriptors() == []
+    dataset = Blocks(8, str(tmp_path / "killed"), kill_at=3 if restart else -1)
+    _fills_the_same_blocks(mploader.DataLoader(dataset, batch_size=None, num_workers=2,
+                                               multiprocessing_context=start_method,
+                                               max_worker_restarts=1 if restart else 0))
+
+
 def test_a_torch_loader_under_install_fills_the_same_blocks_too() -> None:
     """``mploader.install()`` (Lightning, PyG build torch's DataLoader): its epochs without
     persistent workers reuse the blocks of the one before, as ``mploader.DataLoader``'s do,
     and the kept blocks go with the loader."""
     assert _block_descriptors() == []
     with mploader.install():
-        loader = torch.utils.data.DataLoader(Blocks(8), batch_size=None, num_workers=2,
-                                             multiprocessing_context="fork")
-        seen = _epoch_inodes(loader)
-        for _epoch in range(2):
-            filled = _epoch_inodes(loader)
-            assert len(filled & seen) >= len(filled) - 2, (filled, seen)
-            seen |= filled
-        assert _block_descriptors()  # kept between epochs
-        del loader
-    gc.collect()
-    finalizers.settle(10)
-    assert _block_descriptors() == []
+        _fills_the_same_blocks(torch.utils.data.DataLoader(Blocks(8), batch_size=None,
+                                                           num_workers=2,
+                                                           multiprocessing_context="fork"))
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
