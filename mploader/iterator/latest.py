@@ -25,6 +25,14 @@ class LatestStats:
         self._followed = 0  # how many iterators were followed: the latest one's number
         self.loader_epoch = -1  # the loader's epoch count: the epoch under way, -1 before any
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its loader (torch's pickles where no iterator is kept: Lightning's spawn
+        strategies, ``torch.save(loader)``): the iterator is this process's, and stays here;
+        the counts and the last final snapshot travel."""
+        state = dict(self.__dict__)
+        state["_iterator"] = None
+        return state
+
     def follow(self, iterator: Any) -> int:
         """Answer from ``iterator`` from now on; returns its number for ``record_final``."""
         self._iterator = weakref.ref(iterator)

@@ -206,6 +206,15 @@ class ResumeTracker:
         self.epoch_tasks: int | None = None  # tasks in a map-style epoch, when the sampler says
         self.local_fetcher: IterableFetcher | None = None  # num_workers=0: the live fetcher
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled or copied with its loader, as torch's loader pickles: what belongs to this
+        process's iterator (its task table, the main process's live fetcher, an ``iter()`` under
+        way) stays here, so the copy's position is its last epoch's end, or a state loaded and
+        not yet used."""
+        state = dict(self.__dict__)
+        state.update(table=None, local_fetcher=None, _window_plan=None, _window_start=None)
+        return state
+
     def configure(self, loader: Any) -> None:
         """Read what torch lets a user assign after construction (``num_workers``,
         ``generator``, ``in_order``, ...) as it is now."""
