@@ -66,7 +66,8 @@ def test_only_the_iterator_is_mploader_s() -> None:
     torch_names = set(vars(torch.utils.data.DataLoader))
     overridden = {name for name in vars(mploader.DataLoader) if name in torch_names
                   and name not in ("__module__", "__doc__", "__dict__", "__weakref__",
-                                   "__parameters__", "__orig_bases__", "__annotations__")}
+                                   "__parameters__", "__orig_bases__", "__annotations__",
+                                   "__slotnames__")}  # copyreg's cache, once either pickled
     assert overridden == {"__init__", "__iter__", torch_compat.ITERATOR_FACTORY}
 
 
