@@ -49,28 +49,28 @@ class Tree:
     def v1(self, directory: str, limit: str | None = V1_UNLIMITED, usage: int | None = None,
            stat: str = "") -> str:
         """A v1 memory cgroup ``directory`` (relative to /sys/fs/cgroup/memory); its limit file."""
-        base = "/sys/fs/cgroup/memory" + directory.rstrip("/")
-        (self.root / base.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        if limit is not None:
-            self.write(f"{base}/memory.limit_in_bytes", limit + "\n")
-        if usage is not None:
-            self.write(f"{base}/memory.usage_in_bytes", f"{usage}\n")
-        if stat:
-            self.write(f"{base}/memory.stat", stat)
-        return str(self.root / base.lstrip("/") / "memory.limit_in_bytes")
+        return self._memory_cgroup("/sys/fs/cgroup/memory" + directory, stat,
+                                   ("memory.limit_in_bytes", limit),
+                                   ("memory.usage_in_bytes", usage))
 
     def v2(self, directory: str, limit: str | None = "max", current: int | None = None,
            stat: str = "") -> str:
         """A v2 cgroup ``directory`` (relative to /sys/fs/cgroup); its memory.max file."""
-        base = "/sys/fs/cgroup" + directory.rstrip("/")
+        return self._memory_cgroup("/sys/fs/cgroup" + directory, stat,
+                                   ("memory.max", limit), ("memory.current", current))
+
+    def _memory_cgroup(self, directory: str, stat: str, limit: tuple[str, str | None],
+                       usage: tuple[str, int | None]) -> str:
+        """The cgroup ``directory`` with its memory.stat (unless empty), and its limit and usage
+        files, each a (name, value) (None: no such file); the limit file's path."""
+        base = directory.rstrip("/")
         (self.root / base.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        if limit is not None:
-            self.write(f"{base}/memory.max", limit + "\n")
-        if current is not None:
-            self.write(f"{base}/memory.current", f"{current}\n")
+        for name, value in (limit, usage):
+            if value is not None:
+                self.write(f"{base}/{name}", f"{value}\n")
         if stat:
             self.write(f"{base}/memory.stat", stat)
-        return str(self.root / base.lstrip("/") / "memory.max")
+        return str(self.root / base.lstrip("/") / limit[0])
 
 
 @pytest.fixture

@@ -9,24 +9,22 @@ the last live process's job, and SIGKILL leaves none.)
 
 Isolation, so that the test holds on a busy machine (pytest-xdist, other loaders):
 
-* The loader's processes run in a memory cgroup of their own (cgroup v1): its ``memory.stat``
+* The loader's processes run in a memory cgroup of their own (v1 or v2): its ``memory.stat``
   counts the shared memory they allocated, and nobody else's.
 * They run in a mount namespace with a private tmpfs on ``/dev/shm``, kept alive by a holder
   process after they are killed: whatever they leave there stays to be seen (nothing else can
   sweep it), and goes with the holder at the end.
 
-Needs root, a cgroup v1 memory hierarchy at ``/sys/fs/cgroup/memory``, ``unshare(1)`` and
-``nsenter(1)``; skipped otherwise.
+Needs root, a memory cgroup controller it can make a cgroup in (``tests/cgroups.py``),
+``unshare(1)`` and ``nsenter(1)``; skipped otherwise.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import selectors
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,8 +38,9 @@ import psutil
 import pytest
 import torch.utils.data
 
+from tests.cgroups import MemoryCgroup, kill, memory_cgroup
+
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CGROUP_ROOT = "/sys/fs/cgroup/memory"
 MiB = 1 << 20
 BATCH_FLOATS = 32 * MiB  # 128 MiB of float32 a batch
 BATCHES = 24  # a few seconds of work: the kill lands early in the epoch (at most 3 GiB kept)
@@ -51,7 +50,7 @@ SETTLE_SECONDS = 5.0  # everything must be back within this after the kill
 CGROUP_SHMEM_LEFT = 1 * MiB  # multiprocessing's odd page, at most
 MEMINFO_SLACK = 64 * MiB  # other processes on the machine move /proc/meminfo's Shmem meanwhile
 FIRST_BATCH_TIMEOUT = 90.0
-_serial = itertools.count()
+NEEDS_ROOT = "needs root, to make a memory cgroup and mount a private /dev/shm"
 
 
 class Filled(torch.utils.data.Dataset):
@@ -85,22 +84,15 @@ CHILD = textwrap.dedent(
 # -- cgroup, namespace, processes ---------------------------------------------------------------
 
 
-def _cgroup_shmem(cgroup: str) -> int:
-    """Shared memory charged to ``cgroup`` (``total_shmem`` counts its descendants too)."""
+def _cgroup_shmem(cgroup: MemoryCgroup) -> int:
+    """Shared memory charged to ``cgroup``: v1's ``total_shmem`` (``shmem`` without its
+    descendants), v2's ``shmem`` (with them)."""
     values = {}
-    with open(os.path.join(cgroup, "memory.stat")) as stat:
+    with open(cgroup.stat) as stat:
         for line in stat:
             key, _, value = line.partition(" ")
             values[key] = int(value)
     return values.get("total_shmem", values.get("shmem", 0))
-
-
-def _cgroup_pids(cgroup: str) -> list[int]:
-    try:
-        with open(os.path.join(cgroup, "cgroup.procs")) as procs:
-            return [int(line) for line in procs if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 def _meminfo_shmem() -> int:
@@ -125,41 +117,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture
-def cgroup() -> Iterator[str]:
-    """A fresh memory cgroup (v1), removed afterwards with whatever still runs in it killed."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to make a memory cgroup and mount a private /dev/shm")
-    if not os.path.exists(os.path.join(CGROUP_ROOT, "memory.stat")):
-        pytest.skip(f"no cgroup v1 memory hierarchy at {CGROUP_ROOT}")
-    path = os.path.join(CGROUP_ROOT, f"mploader-kill-{os.getpid()}-{next(_serial)}")
-    try:
-        os.mkdir(path)
-    except OSError as error:
-        pytest.skip(f"cannot make a memory cgroup at {path}: {error}")
-    try:
-        yield path
-    finally:
-        deadline = time.monotonic() + 10
-        while True:
-            _kill(_cgroup_pids(path))
-            try:
-                os.rmdir(path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+def cgroup() -> Iterator[MemoryCgroup]:
+    """A fresh memory cgroup, removed afterwards with whatever still runs in it killed."""
+    with memory_cgroup("mploader-kill", needs_root=NEEDS_ROOT) as made:
+        yield made
 
 
 @pytest.fixture
@@ -240,7 +202,7 @@ def _kill_moment(shm_dir: str, before: set[str]) -> str:
 
 @pytest.mark.timeout(FIRST_BATCH_TIMEOUT + 60)
 def test_killing_the_main_process_and_every_worker_at_once_leaves_nothing(
-    cgroup: str, private_dev_shm: tuple[int, str],
+    cgroup: MemoryCgroup, private_dev_shm: tuple[int, str],
 ) -> None:
     holder_pid, shm_dir = private_dev_shm
     env = dict(os.environ)
@@ -251,7 +213,7 @@ def test_killing_the_main_process_and_every_worker_at_once_leaves_nothing(
     assert _cgroup_shmem(cgroup) == 0
     # sh joins the cgroup, then becomes nsenter, which enters the namespace and becomes python:
     # one pid throughout, the child's.
-    command = (f"echo $$ > {shlex.quote(os.path.join(cgroup, 'cgroup.procs'))} && "
+    command = (f"echo $$ > {shlex.quote(str(cgroup.procs))} && "
                f"exec {shlex.quote(shutil.which('nsenter') or 'nsenter')} "
                f"--mount=/proc/{holder_pid}/ns/mnt "
                f"{shlex.quote(sys.executable)} -c {shlex.quote(CHILD)}")
@@ -276,22 +238,22 @@ def test_killing_the_main_process_and_every_worker_at_once_leaves_nothing(
                             psutil.Process(child.pid).children(recursive=True)]
             except psutil.NoSuchProcess:
                 pass
-            victims += [pid for pid in _cgroup_pids(cgroup) if pid not in victims]
+            victims += [pid for pid in cgroup.pids() if pid not in victims]
             killed_at = time.monotonic()
-            _kill(victims)  # back to back: nobody is left to clean up
+            kill(victims)  # back to back: nobody is left to clean up
             child.wait(SETTLE_SECONDS)
 
             while True:
                 state = State(
                     _cgroup_shmem(cgroup), _meminfo_shmem(), _entries(shm_dir),
-                    sorted({*(pid for pid in victims if _alive(pid)), *_cgroup_pids(cgroup)}),
+                    sorted({*(pid for pid in victims if _alive(pid)), *cgroup.pids()}),
                     time.monotonic() - killed_at,
                 )
                 if state.clean(meminfo_before) or state.elapsed > SETTLE_SECONDS:
                     break
                 time.sleep(0.05)
         finally:
-            _kill([child.pid, *_cgroup_pids(cgroup)])
+            kill([child.pid, *cgroup.pids()])
             child.wait()
             if child.stdout is not None:
                 child.stdout.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from mploader.channel.shm.errors import BlockVanishedError
-from mploader.channel.shm.passage import BlockSender, open_passage
+from mploader.channel.shm.passage import BlockInbox, BlockSender, open_passage
 
 
 def _memory_file(size: int = 4096) -> int:
@@ -41,52 +42,51 @@ def _send(sender: BlockSender, block_id: int, size: int = 4096) -> int:
     return inode
 
 
-def test_a_record_is_taken_once_with_its_descriptor():
+@pytest.fixture
+def passage() -> Iterator[tuple[BlockInbox, BlockSender]]:
+    """A new passage: the main process's inbox and a worker's sender (this process's); the
+    inbox closed afterwards."""
     inbox, link = open_passage()
-    sender = BlockSender(link)
     try:
-        inode = _send(sender, 7)
-        descriptor = inbox.take(os.getpid(), 7, 4096)
-        assert os.fstat(descriptor).st_ino == inode  # the very file the sender made
-        assert os.get_inheritable(descriptor) is False  # an exec'd child never holds a block
-        os.close(descriptor)
-        with pytest.raises(BlockVanishedError, match="never arrived"):
-            inbox.take(os.getpid(), 7, 4096)
+        yield inbox, BlockSender(link)
     finally:
         inbox.close()
 
 
-def test_a_record_whose_size_disagrees_is_refused_and_closed():
-    inbox, link = open_passage()
-    sender = BlockSender(link)
-    try:
-        _send(sender, 1, size=8192)
-        before = _open_descriptors()
-        with pytest.raises(BlockVanishedError, match="8192 bytes but its payload says 4096"):
-            inbox.take(os.getpid(), 1, 4096)
-        assert _open_descriptors() <= before
-    finally:
-        inbox.close()
+def test_a_record_is_taken_once_with_its_descriptor(passage):
+    inbox, sender = passage
+    inode = _send(sender, 7)
+    descriptor = inbox.take(os.getpid(), 7, 4096)
+    assert os.fstat(descriptor).st_ino == inode  # the very file the sender made
+    assert os.get_inheritable(descriptor) is False  # an exec'd child never holds a block
+    os.close(descriptor)
+    with pytest.raises(BlockVanishedError, match="never arrived"):
+        inbox.take(os.getpid(), 7, 4096)
 
 
-def test_records_dropped_or_of_an_ended_worker_are_closed():
-    inbox, link = open_passage()
-    sender = BlockSender(link)
-    try:
-        baseline = _open_descriptors()
-        _send(sender, 1)
-        _send(sender, 2)
-        inbox.drop(os.getpid(), (1,))  # evicted before it was ever mapped
-        assert len(_open_descriptors() - baseline) == 1  # record 2, read meanwhile, is held
-        inbox.drop_worker(os.getpid())
-        assert _open_descriptors() <= baseline
-        _send(sender, 3)  # a late record of the ended worker: closed as it arrives
-        inbox.drop_worker(os.getpid())
-        assert _open_descriptors() <= baseline
-        with pytest.raises(BlockVanishedError):
-            inbox.take(os.getpid(), 3, 4096)
-    finally:
-        inbox.close()
+def test_a_record_whose_size_disagrees_is_refused_and_closed(passage):
+    inbox, sender = passage
+    _send(sender, 1, size=8192)
+    before = _open_descriptors()
+    with pytest.raises(BlockVanishedError, match="8192 bytes but its payload says 4096"):
+        inbox.take(os.getpid(), 1, 4096)
+    assert _open_descriptors() <= before
+
+
+def test_records_dropped_or_of_an_ended_worker_are_closed(passage):
+    inbox, sender = passage
+    baseline = _open_descriptors()
+    _send(sender, 1)
+    _send(sender, 2)
+    inbox.drop(os.getpid(), (1,))  # evicted before it was ever mapped
+    assert len(_open_descriptors() - baseline) == 1  # record 2, read meanwhile, is held
+    inbox.drop_worker(os.getpid())
+    assert _open_descriptors() <= baseline
+    _send(sender, 3)  # a late record of the ended worker: closed as it arrives
+    inbox.drop_worker(os.getpid())
+    assert _open_descriptors() <= baseline
+    with pytest.raises(BlockVanishedError):
+        inbox.take(os.getpid(), 3, 4096)
 
 
 def test_a_forked_child_holds_no_copy_of_the_inbox():
