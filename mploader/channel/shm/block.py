@@ -61,12 +61,16 @@ class Mapping:
     the last such array and the last Python reference are gone, a finalizer unmaps the memory.
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "address", "descriptor", "size")
+    __slots__ = ("__array_interface__", "__weakref__", "address", "descriptor", "last_used",
+                 "size")
 
     def __init__(self, address: int, size: int, descriptor: int = -1) -> None:
         self.address = address
         self.size = size
         self.descriptor = descriptor  # -1: none kept
+        # When it last carried a batch to the consumer (the main process's clock, shared by a
+        # loader's channels: mploader.channel.shm.channel); 0: never.
+        self.last_used = 0
         self.__array_interface__ = {
             "shape": (size,), "typestr": "|u1", "data": (address, False), "version": 3,
         }

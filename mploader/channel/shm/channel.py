@@ -403,8 +403,9 @@ class MainChannel:
         # process; and those handed to a process not heard from yet, seeded into its incarnation.
         self._spare: dict[int, list[KeptBlock]] = keeper.take() if keeper is not None else {}
         self._handed: dict[int, dict[int, Mapping]] = {}
-        # When each block last carried a batch (a lease) in this channel: what close() keeps.
-        self._last_used: weakref.WeakKeyDictionary[Mapping, int] = weakref.WeakKeyDictionary()
+        # A block whose mapping carried a batch (a lease) after this carried one in this
+        # channel: what close() keeps (Mapping.last_used).
+        self._opened_at = next(_USE_CLOCK)
         self._route = _ReleaseRoute()
         self._workers: dict[int, _WorkerIncarnation] = {}
         # Ended workers (by pid) whose received results still wait to be decoded or discarded.
@@ -501,7 +502,7 @@ class MainChannel:
                 self._inbox.drop_worker(incarnation.worker_pid)
             # Handed to a process that ended before it sent anything: free still.
             self._spare.setdefault(worker_id, []).extend(
-                KeptBlock(mapping, 0) for mapping in self._handed.pop(worker_id, {}).values())
+                KeptBlock(mapping) for mapping in self._handed.pop(worker_id, {}).values())
 
     def statistics(self) -> ChannelStatistics:
         with self._route.lock:
@@ -569,7 +570,7 @@ class MainChannel:
                 continue
             key = live.get(block_id)
             hold = self._route.hold(key) if key is not None else None
-            spare.append(KeptBlock(mapping, self._last_used.get(mapping, 0), hold))
+            spare.append(KeptBlock(mapping, hold))
 
     def _keep_spare_blocks(self) -> None:
         """Closing: the spare blocks that carried a batch here go to the loader's keeper."""
@@ -589,9 +590,8 @@ class MainChannel:
         earlier generation (not yet handed to any worker); let go if it carried none."""
         if kept.retired:
             return None
-        last_used = self._last_used.get(kept.mapping)
-        if last_used is not None:
-            return KeptBlock(kept.mapping, last_used, kept.hold)
+        if kept.mapping.last_used > self._opened_at:
+            return kept
         return kept if kept.hold is not None else None
 
     # -- steps of decode ---------------------------------------------------------------------
@@ -641,7 +641,7 @@ class MainChannel:
                 f"and this result was not among those forget_worker() was told to keep"
             )
         lease = _Lease(mapping, used_bytes)
-        self._last_used[mapping] = next(_USE_CLOCK)
+        mapping.last_used = next(_USE_CLOCK)
         self._route.leased(incarnation, block_id, generation)
         finalizer = weakref.finalize(lease, self._route.release, incarnation, block_id, generation)
         finalizer.atexit = False
@@ -693,7 +693,7 @@ class MainChannel:
                 return  # a forked child may read it: never written again
             hold = self._route.hold(lease_key) if lease_key is not None else None
             self._spare.setdefault(incarnation.worker_id, []).append(
-                KeptBlock(mapping, self._last_used.get(mapping, 0), hold))
+                KeptBlock(mapping, hold))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -109,11 +109,11 @@ class Hold:
 
 @dataclass
 class KeptBlock:
-    """A block between two workers, when it last carried a batch (a process-wide clock, so that
-    blocks of several generations rank together), and its hold if a batch still held it."""
+    """A block between two workers, and its hold if a batch still held it.  When it last
+    carried a batch is its mapping's (``Mapping.last_used``: a process-wide clock, so that
+    blocks of several generations rank together)."""
 
     mapping: Mapping
-    last_used: int
     hold: Hold | None = None
 
     @property
@@ -150,7 +150,7 @@ class BlockKeeper:
             return  # a forked child's copy of the loader: the blocks are not its own
         ranked = sorted(((worker_id, kept) for worker_id, kept_list in blocks.items()
                          for kept in kept_list if not kept.retired),
-                        key=lambda pair: -pair[1].last_used)
+                        key=lambda pair: -pair[1].mapping.last_used)
         chosen: dict[int, list[KeptBlock]] = {}
         total = 0
         for worker_id, kept in ranked:
