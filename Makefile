@@ -33,10 +33,14 @@ test: lint
 # The suites that depend most on torch's version (parity with torch, worker lifecycle, resume,
 # shared memory, the layer rules), on another torch in its own virtual environment:
 # `make compat TORCH=2.6.0`.  Other versions come from PyPI as CUDA builds (about 4 GB; they run
-# on the CPU); .ci/run runs this for the ends of the supported range.  Serially: three test
-# processes (8.3 min of pytest for torch 2.14.1 against 13.8) made test_fork_warning fail under
-# their load on Python 3.12, where torch's or mploader's fork met a thread of torch's still ending.
-# `make compat TORCH=2.14.1 PYTHON=python3.12` runs them on another Python too (venv per pair).
+# on the CPU); .ci/run runs this for the ends of the supported ranges (torch 2.6.0 on Python
+# 3.11, 2.13.0 on 3.12, 2.14.1 on 3.13).  Serially, as docs/internals/testing.md measured them.
+# In three test processes (8.3 min of pytest for torch 2.14.1 against 13.8) test_fork_warning
+# failed on Python 3.12 under their load; issue 40 found such a failure's cause on 3.13 (a
+# reaper thread of mploader's, still ending at a fork, taken for another's), fixed it, and the
+# test now runs beside busy processes itself.
+# `make compat TORCH=2.14.1 PYTHON=/path/to/python3.13` runs them on another Python (a venv per
+# torch and Python).
 TORCH ?= 2.6.0
 COMPAT_PYTHON_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 COMPAT_VENV = .venv-torch-$(TORCH)-py$(COMPAT_PYTHON_VERSION)

@@ -205,7 +205,7 @@ def test_the_call_check_sees_a_callback_handed_down() -> None:
 
 # -- One seam for torch's and CPython's private API --------------------------------------------
 #
-# mploader runs on torch 2.6 to 2.14 and CPython 3.11 and 3.12.  What is private to them, or
+# mploader runs on torch 2.6 to 2.14 and CPython 3.11 to 3.13.  What is private to them, or
 # changed between those versions, is reached through ``mploader.compat`` only, so that a new
 # version is adapted to in one place (see its docstring).
 
@@ -218,6 +218,7 @@ PRIVATE_MODULES = {"torch.multiprocessing.reductions", "multiprocessing.context"
 PRIVATE_ATTRIBUTES = {
     "_auto_collation", "_index_sampler", "_IterableDataset_len_called", "_get_iterator",
     "_worker_info", "_generate_state", "_popen", "_bootstrap", "_utils", "_C",
+    "_exit_function", "_run_exitfuncs", "_showwarnmsg", "_showwarnmsg_impl", "_showwarning_orig",
 }
 
 

@@ -63,10 +63,13 @@ class NotingTeardown(mploader.WorkerHooks):
 
 def _anonymous_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon in /proc/pid/status")
+        lines = status.read().splitlines()
+    for line in lines:
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    # A process that has exited and is not yet reaped (State: Z) has no memory left to count.
+    state = next((line for line in lines if line.startswith("State:")), "no State")
+    raise AssertionError(f"no RssAnon in /proc/{pid}/status ({state})")
 
 
 def _nice_values(pid: int) -> set[int]:
