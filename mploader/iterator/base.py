@@ -47,7 +47,7 @@ class BaseIterator:
                               iterator_epoch=plan.iterator_epoch if plan is not None else 0)
         if self._tracker is not None:
             self._tracker.begin_epoch(self._table, plan, new_workers=True)
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = self._new_sampler_iter()
         if self._tracker is not None:
             self._base_seed = self._tracker.base_seed_for(plan, settings.generator)
         else:
@@ -84,10 +84,17 @@ class BaseIterator:
             leftovers = self._table.new_epoch()
             if self._tracker is not None:
                 self._tracker.epoch_reset(self._table, self._base_seed)
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = self._new_sampler_iter()
         self._IterableDataset_len_called = torch_compat.iterable_length_seen(loader)
         self._shared_seed = self._shared_seeds.next_epoch(loader.generator)
         return leftovers
+
+    def _new_sampler_iter(self) -> Any:
+        """``iter()`` of the index sampler; with state tracking, the tracker's (which keeps the
+        position of torch's own ``BatchSampler`` in torchdata's words)."""
+        if self._tracker is not None:
+            return self._tracker.sampler_iterator()
+        return iter(self._index_sampler)
 
     def _next_index(self) -> Any:
         return next(self._sampler_iter)

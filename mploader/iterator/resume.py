@@ -32,25 +32,20 @@ import contextlib
 import copy
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset
+from torch.utils.data import IterableDataset
 
+from mploader.compat import torch as torch_compat
+from mploader.compat import torch_sampler
+from mploader.iterator import resume_format
+from mploader.iterator.batch_draw import BatchDraw, sampler_iterator
 from mploader.iterator.latest import LatestStats
-from mploader.iterator.resume_format import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    check_loadable,
-    check_plain,
-    generator_states,
-    loader_arguments,
-    set_generator_states,
-    snapshot_from_plain,
-    snapshot_to_plain,
-)
-from mploader.iterator.task_table import Position, TaskTable
+from mploader.iterator.resume_format import generator_states, loader_arguments, set_generator_states
+from mploader.iterator.resume_plan import ResumePlan
+from mploader.iterator.task_table import TaskTable
 from mploader.worker import rng
 from mploader.worker.fetch import IterableFetcher
 from mploader.worker.info import draw_base_seed
@@ -60,6 +55,9 @@ from mploader.worker.resume import (
     has_state_methods,
     iterable_snapshot,
 )
+
+SamplerState = tuple[Any, Any]  # (the index sampler's own state, its iterator's), torchdata's
+NO_SAMPLER_STATE: SamplerState = (None, None)
 
 
 @dataclass
@@ -85,85 +83,9 @@ class Snapshot:
     delivered_after: frozenset[int]
     next_worker: int
     deliveries: int
-    sampler_state: Any
+    sampler_state: SamplerState
     workers: list[WorkerSnapshot | None]
     workers_in_epoch: list[bool]
-
-
-@dataclass
-class ResumePlan:
-    """A loaded state, turned into what the next ``iter()`` must do."""
-
-    epoch: int
-    iterator_epoch: int  # the epoch's number within its iterator (tasks carry it)
-    in_epoch: bool  # False: the state was taken between epochs (or before the first)
-    generators: list[str]  # put in place for iter()'s draws
-    global_rng: rng.RngState  # likewise
-    rng_at_state: rng.RngState | None  # within an epoch: the global ones at state_dict()
-    draws_base_seed: bool  # this epoch's iterator drew a base seed (replay the draw)
-    base_seed: int | None  # the seed to use; None: the one drawn
-    batches_yielded: int = 0
-    resume_at: int = 0
-    delivered_after: list[int] = field(default_factory=list)
-    sampler_state: Any = None
-    next_worker: int = 0
-    replay: int = 0  # batches delivered after the snapshot: fetched again and dropped
-    workers: list[tuple[WorkerSnapshot | None, bool]] = field(default_factory=list)
-    main: tuple[WorkerSnapshot | None, bool] = (None, False)  # num_workers=0: the main process
-
-    def position(self) -> Position:
-        """Where the resumed epoch's task table starts."""
-        return Position(self.batches_yielded, self.resume_at, frozenset(self.delivered_after),
-                        self.next_worker)
-
-    def restores(self) -> list[WorkerRestore | None]:
-        """Each worker's starting state: its generators and, within the epoch, its position;
-        between epochs, its dataset's carried state."""
-        return [_restore_of(snapshot, in_epoch) for snapshot, in_epoch in self.workers]
-
-    def main_restore(self) -> WorkerRestore | None:
-        """``num_workers=0``, within the epoch: the main process's dataset where it was (its
-        global generators are the window's: ``ResumeTracker.epoch_window``)."""
-        snapshot, in_epoch = self.main
-        return _restore_of(snapshot, in_epoch) if in_epoch else None
-
-    @staticmethod
-    def from_position(position: dict[str, Any]) -> ResumePlan:
-        workers = [snapshot_from_plain(entry) for entry in position["workers"]]
-        main = (snapshot_from_plain(position["main"]) if position["main"] is not None
-                else (None, False))
-        plan = ResumePlan(
-            epoch=int(position["epoch"]),
-            iterator_epoch=int(position["iterator_epoch"]),
-            in_epoch=position["phase"] == IN_EPOCH,
-            generators=list(position["generators"]),
-            global_rng=rng.RngState.from_plain(position["global_rng"]),
-            rng_at_state=(None if position.get("global_rng_at_state") is None
-                          else rng.RngState.from_plain(position["global_rng_at_state"])),
-            draws_base_seed=bool(position["base_seed_drawn"]),
-            base_seed=position["base_seed"],
-            workers=workers,
-            main=main,
-        )
-        if plan.in_epoch:
-            plan.batches_yielded = int(position["batches_yielded"])
-            plan.resume_at = int(position["resume_at"])
-            plan.delivered_after = list(position["delivered_after"])
-            plan.sampler_state = position["sampler_state"]
-            plan.next_worker = int(position["next_worker"])
-            plan.replay = int(position["replay"])
-        return plan
-
-
-def _restore_of(snapshot: WorkerSnapshot | None, in_epoch: bool) -> WorkerRestore | None:
-    if snapshot is None:
-        return None
-    if in_epoch:
-        return WorkerRestore(snapshot.rng, snapshot)
-    return WorkerRestore(snapshot.rng, None, snapshot.dataset_state)
-
-
-IN_EPOCH, BETWEEN_EPOCHS = "in_epoch", "between_epochs"
 
 
 class ResumeTracker:
@@ -177,12 +99,12 @@ class ResumeTracker:
         self.index_sampler = (
             loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
         )
-        self.sampler_owner = None if self.is_iterable else _stateful_owner(self.index_sampler)
+        self.index_sampler_has_state = has_state_methods(self.index_sampler)
         self.dataset_has_state = has_state_methods(loader.dataset)
         self.configure(loader)
         self.latest = latest  # the loader's epoch count
         self._pending: ResumePlan | None = None  # loaded, for the next iter()
-        self._pending_position: dict[str, Any] | None = None  # the loaded state's position
+        self._pending_state: dict[str, Any] | None = None  # the loaded state itself
         self._window_plan: ResumePlan | None = None  # inside iter(): the plan being applied
         self._window_start: EpochStart | None = None
         # The latest iterator's task table: the position, as of the last batch the consumer
@@ -192,8 +114,10 @@ class ResumeTracker:
         self.base_seed = 0
         self.base_seed_drawn = True
         self.epoch_start: EpochStart | None = None
-        self.sampler_states: deque[tuple[int, Any]] = deque()  # (task id, state after its draw)
-        self.iterator_has_state: bool | None = None
+        # (task id, the sampler's state after its draw), when it keeps one of its own
+        self.sampler_states: deque[tuple[int, SamplerState]] = deque()
+        self.sampler_iter: Any = None  # the epoch's sampler iterator, once it drew
+        self.keeps_sampler_states: bool | None = None
         self.watches_draws = False  # draws need drawn(): a stateful sampler, or ids to skip
         # Per worker, its snapshot as of its last delivered batch, whether that batch is of this
         # epoch, whether that batch carried a snapshot, and its snapshot as of its last arrived
@@ -222,6 +146,8 @@ class ResumeTracker:
         self.inline = loader.num_workers == 0
         self.generators = _sampler_generators(loader)
         self.arguments = loader_arguments(loader)
+        self.shuffle = torch_sampler.shuffle_sampler(loader)
+        self.length_seen = torch_compat.iterable_length_seen(loader)
         every = loader.snapshot_every_n_steps
         # Snapshots every `every` deliveries (0: only where an epoch starts), replayed from on
         # resume.  Every batch's state is kept where a replay could not be exact: batches that
@@ -232,46 +158,37 @@ class ResumeTracker:
     # -- the loader's side: making and loading states -------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            position = copy.deepcopy(self._pending_position)
-        elif self.table is None or self.finished:
-            position = self._between_epochs()
+        if self._pending_state is not None:
+            return copy.deepcopy(self._pending_state)
+        if self.table is None or self.finished:
+            plan = self._between_epochs()
         else:
-            position = self._in_epoch(self.table)
-        state = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "arguments": dict(self.arguments),
-            "position": position,
-        }
-        check_plain(state)
-        return state
+            plan = self._in_epoch(self.table)
+        return resume_format.state_of(plan, self.arguments, self.length_seen, None,
+                                      self.is_iterable)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_loadable(state, self.arguments)
-        position = state["position"]
-        plan = ResumePlan.from_position(position)
-        if len(plan.generators) != len(self.generators):
+        plan = resume_format.plan_of(state, self.arguments, self.is_iterable)
+        if plan.generators is not None:
+            self._check_generators(plan.generators)
+        self._pending_state = copy.deepcopy(state)
+        self._pending = plan
+        self.table = None  # a live iterator's position is no longer the loader's
+
+    def _check_generators(self, saved: list[str]) -> None:
+        if len(saved) != len(self.generators):
             raise ValueError(
-                f"load_state_dict: the state's sampler drew from {len(plan.generators)} "
+                f"load_state_dict: the state's sampler drew from {len(saved)} "
                 f"torch.Generator(s), this loader's from {len(self.generators)}; build the "
                 "loader with the same generator and sampler"
             )
-        for generator, saved in zip(self.generators, plan.generators, strict=True):
-            size, saved_size = generator.get_state().numel(), len(base64.b64decode(saved))
+        for generator, state in zip(self.generators, saved, strict=True):
+            size, saved_size = generator.get_state().numel(), len(base64.b64decode(state))
             if saved_size != size:
                 raise ValueError(
                     f"load_state_dict: a generator state of the state's is {saved_size} bytes, "
                     f"this loader's generator's {size}; the state was edited"
                 )
-        if plan.workers and len(plan.workers) != self.slots:
-            raise ValueError(
-                f"load_state_dict: the state has {len(plan.workers)} worker entries for "
-                f"{self.slots} workers; the state was edited"
-            )
-        self._pending_position = copy.deepcopy(position)
-        self._pending = plan
-        self.table = None  # a live iterator's position is no longer the loader's
 
     @contextlib.contextmanager
     def epoch_window(self, loader: Any) -> Iterator[None]:
@@ -289,9 +206,11 @@ class ResumeTracker:
             carried = plan.main[0]
             if not plan.in_epoch and carried is not None and carried.dataset_state is not None:
                 self.dataset.load_state_dict(carried.dataset_state)  # before the new epoch
-            set_generator_states(self.generators, plan.generators)
             caller_rng = rng.capture()  # given back only if iter() fails
-            rng.restore(plan.global_rng)
+            if plan.generators is not None:
+                set_generator_states(self.generators, plan.generators)
+            if plan.global_rng is not None:
+                rng.restore(plan.global_rng)
         self._window_plan = plan
         self._window_start = EpochStart.capture(self.generators)
         try:
@@ -334,15 +253,17 @@ class ResumeTracker:
         """An epoch begins, in a new iterator (``new_workers``) or a persistent one's reset,
         recorded by ``table`` (already at ``plan``'s position when it resumes one)."""
         self.table = table
-        self._pending_position = None
+        self._pending_state = None
         self.epoch_start = self._window_start or EpochStart.capture(self.generators)
         self._window_start = None
         self.finished = False
         self.sampler_states.clear()
         in_epoch = plan is not None and plan.in_epoch
-        if in_epoch and plan is not None and plan.sampler_state is not None:
-            self.sampler_states.append((plan.resume_at - 1, plan.sampler_state))
-        self.iterator_has_state = None
+        if in_epoch and plan is not None and plan.resume_at > 0:
+            self.sampler_states.append(
+                (plan.resume_at - 1, (plan.index_sampler_state, plan.sampler_iter_state)))
+        self.sampler_iter = None
+        self.keeps_sampler_states = None
         self.watches_draws = not self.is_iterable  # until the first draw shows otherwise
         self.local_fetcher = None
         self.epoch_tasks = None if self.is_iterable else _length(self.index_sampler)
@@ -357,8 +278,9 @@ class ResumeTracker:
         self.fresh = [True] * self.slots
         self.snapshot = None
         if self.interval != 1:  # where the epoch starts is its first snapshot
-            self.snapshot = self._snapshot_now(table, plan.sampler_state
-                                               if in_epoch and plan is not None else None)
+            self.snapshot = self._snapshot_now(
+                table, (plan.index_sampler_state, plan.sampler_iter_state)
+                if in_epoch and plan is not None else NO_SAMPLER_STATE)
 
     def base_seed_for(self, plan: ResumePlan | None, generator: torch.Generator | None) -> int:
         """A new iterator's base seed: drawn as torch draws it, or the resumed epoch's (whose
@@ -376,15 +298,38 @@ class ResumeTracker:
         self.begin_epoch(table, None, new_workers=False)
         self.base_seed, self.base_seed_drawn = base_seed, False
 
+    def sampler_iterator(self) -> Any:
+        """``iter()`` of the index sampler, for a new epoch: torch's own ``BatchSampler`` is
+        drawn by a :class:`~mploader.iterator.batch_draw.BatchDraw`, which keeps its position in
+        torchdata's words."""
+        return sampler_iterator(self.index_sampler, self.shuffle)
+
     def resume_sampler(self, plan: ResumePlan, sampler_iter: Any) -> Any:
-        """The sampler iterator of a resumed epoch, at ``resume_at``."""
+        """The sampler iterator of a resumed epoch, at ``resume_at``, in torchdata's order: the
+        index sampler's own state, a new iterator of it, the iterator's own state; a sampler
+        with neither is drawn past ``resume_at`` batches (its generators already stand where
+        that epoch's began)."""
         if self.is_iterable or plan.resume_at == 0:
             return sampler_iter
-        if plan.sampler_state is not None:
-            if self.sampler_owner is not None:
-                self.sampler_owner.load_state_dict(plan.sampler_state)
-                return iter(self.index_sampler)
-            sampler_iter.load_state_dict(plan.sampler_state)
+        index_state, iterator_state = plan.index_sampler_state, plan.sampler_iter_state
+        if index_state is not None:
+            if not self.index_sampler_has_state:
+                raise ValueError(
+                    "load_state_dict: the state holds the sampler's own state, but this "
+                    f"loader's {type(self.index_sampler).__name__} has no load_state_dict(); "
+                    "build the loader with the sampler that made the state")
+            self.index_sampler.load_state_dict(index_state)
+            sampler_iter = self.sampler_iterator()
+        if iterator_state is not None:
+            if not has_state_methods(sampler_iter):
+                raise ValueError(
+                    "load_state_dict: the state holds the sampler iterator's own state, but "
+                    f"this loader's {type(self.index_sampler).__name__} gives an iterator "
+                    "without load_state_dict(); build the loader with the sampler that made "
+                    "the state")
+            sampler_iter.load_state_dict(iterator_state)
+            return sampler_iter
+        if index_state is not None:
             return sampler_iter
         for drawn in range(plan.resume_at):
             try:
@@ -397,24 +342,28 @@ class ResumeTracker:
         return sampler_iter
 
     def drawn(self, task_id: int, sampler_iter: Any) -> bool:
-        """The sampler gave task ``task_id``'s indices: keep its state when it has one (and a
-        snapshot may need it).  True when a resumed ``in_order=False`` epoch delivered this task
-        before the state was taken (the caller draws it and does not dispatch it).  Needed only
-        while ``watches_draws``."""
-        if self.iterator_has_state is None:
-            self.iterator_has_state = has_state_methods(sampler_iter)
-        keeps = self.interval == 1 or self.inline or (
-            self.interval > 1 and (task_id + 1) % self.interval == 0)
-        if self.sampler_owner is not None:
-            if keeps:
-                self.sampler_states.append(
-                    (task_id, copy.deepcopy(self.sampler_owner.state_dict())))
-        elif self.iterator_has_state:
-            if keeps:
-                self.sampler_states.append((task_id, copy.deepcopy(sampler_iter.state_dict())))
+        """The sampler gave task ``task_id``'s indices: keep its state when it has one of its
+        own (and a snapshot may need it).  True when a resumed ``in_order=False`` epoch
+        delivered this task before the state was taken (the caller draws it and does not
+        dispatch it).  Needed only while ``watches_draws``."""
+        if self.keeps_sampler_states is None:
+            self.sampler_iter = sampler_iter
+            self.keeps_sampler_states = self.index_sampler_has_state or (
+                has_state_methods(sampler_iter)
+                and not (isinstance(sampler_iter, BatchDraw) and not sampler_iter.keeps_own_state))
+        if self.keeps_sampler_states:
+            if self.interval == 1 or self.inline or (
+                    self.interval > 1 and (task_id + 1) % self.interval == 0):
+                self.sampler_states.append((task_id, self._sampler_state_now(sampler_iter)))
         elif not (self.table is not None and self.table.delivered_after):
             self.watches_draws = False  # nothing to keep, nothing to skip: stop being called
         return self.table is not None and self.table.was_delivered(task_id)
+
+    def _sampler_state_now(self, sampler_iter: Any) -> SamplerState:
+        index_state = self.index_sampler.state_dict() if self.index_sampler_has_state else None
+        iterator_state = (sampler_iter.state_dict() if has_state_methods(sampler_iter)
+                          else None)
+        return copy.deepcopy((index_state, iterator_state))
 
     def arrived_from(self, worker_id: int, state: WorkerSnapshot | None) -> WorkerSnapshot | None:
         """A result arrived with ``state``: the worker's full snapshot as of that result."""
@@ -496,26 +445,29 @@ class ResumeTracker:
 
     # -- pieces of the state ---------------------------------------------------------------------
 
-    def _between_epochs(self) -> dict[str, Any]:
+    def _between_epochs(self) -> ResumePlan:
         """The position before the next ``iter()``: no epoch under way (none began yet, or the
         last one ended).  The generators as they are now, which the next epoch draws from."""
-        started = self.table is not None
-        persistent = started and self.persistent and not self.inline
         table = self.table
-        return {
-            "phase": BETWEEN_EPOCHS,
-            "epoch": self.latest.loader_epoch + 1,
-            "iterator_epoch": table.iterator_epoch + 1 if persistent and table else 0,
-            "generators": generator_states(self.generators),
-            "global_rng": rng.capture().to_plain(),
-            "base_seed": self.base_seed if persistent else None,
-            "base_seed_drawn": not persistent,
-            "workers": [snapshot_to_plain(snapshot, False) for snapshot in self.delivered]
-            if persistent else [],
-            "main": self._main_entry(in_epoch=False) if self.inline else None,
-        }
+        persistent = table is not None and self.persistent and not self.inline
+        workers: list[tuple[WorkerSnapshot | None, bool]] = (
+            [(snapshot, False) for snapshot in self.delivered] if persistent
+            else [(None, False)] * (0 if self.inline else self.slots))
+        return ResumePlan(
+            in_epoch=False,
+            finished=table is not None,
+            epoch=self.latest.loader_epoch + 1,
+            iterator_epoch=table.iterator_epoch + 1 if persistent and table else 0,
+            generators=generator_states(self.generators),
+            global_rng=rng.capture(),
+            rng_at_state=None,
+            draws_base_seed=not persistent,
+            base_seed=self.base_seed if persistent else None,
+            workers=workers,
+            main=(self._main_snapshot(in_epoch=False), False),
+        )
 
-    def _in_epoch(self, table: TaskTable) -> dict[str, Any]:
+    def _in_epoch(self, table: TaskTable) -> ResumePlan:
         assert self.epoch_start is not None
         if self.interval == 1 or self.inline:  # the live position is the snapshot
             snapshot = self._snapshot_now(table, self._sampler_state_at_resume(
@@ -523,45 +475,51 @@ class ResumeTracker:
         else:
             assert self.snapshot is not None
             snapshot = self.snapshot
-        return {
-            "phase": IN_EPOCH,
-            "epoch": self.latest.loader_epoch,
-            "iterator_epoch": table.iterator_epoch,
-            "generators": self.epoch_start.generators,
-            "global_rng": self.epoch_start.global_rng.to_plain(),
-            "global_rng_at_state": rng.capture().to_plain(),
-            "base_seed": self.base_seed,
-            "base_seed_drawn": self.base_seed_drawn,
-            "batches_yielded": snapshot.batches_yielded,
-            "resume_at": snapshot.resume_at,
-            "delivered_after": sorted(snapshot.delivered_after),
-            "sampler_state": copy.deepcopy(snapshot.sampler_state),
-            "next_worker": snapshot.next_worker,
-            "replay": table.deliveries - snapshot.deliveries,
-            "workers": [] if self.inline else [
-                snapshot_to_plain(worker, in_epoch)
-                for worker, in_epoch in zip(snapshot.workers, snapshot.workers_in_epoch,
-                                            strict=True)
-            ],
-            "main": self._main_entry(in_epoch=True) if self.inline else None,
-        }
+        index_state, iterator_state = copy.deepcopy(snapshot.sampler_state)
+        return ResumePlan(
+            in_epoch=True,
+            epoch=self.latest.loader_epoch,
+            iterator_epoch=table.iterator_epoch,
+            generators=self.epoch_start.generators,
+            global_rng=self.epoch_start.global_rng,
+            rng_at_state=rng.capture(),
+            draws_base_seed=self.base_seed_drawn,
+            base_seed=self.base_seed,
+            batches_yielded=snapshot.batches_yielded,
+            resume_at=snapshot.resume_at,
+            delivered_after=sorted(snapshot.delivered_after),
+            index_sampler_state=index_state,
+            sampler_iter_state=iterator_state,
+            next_worker=snapshot.next_worker,
+            replay=table.deliveries - snapshot.deliveries,
+            workers=[] if self.inline else list(
+                zip(snapshot.workers, snapshot.workers_in_epoch, strict=True)),
+            main=(self._main_snapshot(in_epoch=True), True),
+        )
 
-    def _main_entry(self, in_epoch: bool) -> dict[str, Any]:
+    def _main_snapshot(self, in_epoch: bool) -> WorkerSnapshot | None:
         """``num_workers=0``: the main process's dataset as it is now (its own state and, within
         the epoch, an iterable's position; the global generators are the position's)."""
+        if not self.inline:
+            return None
         if in_epoch and self.local_fetcher is not None:
             snapshot = iterable_snapshot(self.dataset, self.local_fetcher, None,
                                          self.dataset_has_state)
         else:
             snapshot = WorkerSnapshot(
                 None, self.dataset.state_dict() if self.dataset_has_state else None)
-        return copy.deepcopy(snapshot_to_plain(snapshot, in_epoch))
+        return copy.deepcopy(snapshot)
 
-    def _sampler_state_at_resume(self, resume_at: int) -> Any:
+    def _sampler_state_at_resume(self, resume_at: int) -> SamplerState:
+        if resume_at == 0:
+            return NO_SAMPLER_STATE
+        draw = self.sampler_iter
+        if self.keeps_sampler_states is False and isinstance(draw, BatchDraw):
+            return None, draw.state_after(resume_at)
         for task_id, state in self.sampler_states:
             if task_id == resume_at - 1:
                 return state
-        return None
+        return NO_SAMPLER_STATE
 
 
 def _sampler_generators(loader: Any) -> list[torch.Generator]:
@@ -578,18 +536,6 @@ def _sampler_generators(loader: Any) -> list[torch.Generator]:
         if isinstance(candidate, torch.Generator) and all(candidate is not g for g in found):
             found.append(candidate)
     return found
-
-
-def _stateful_owner(index_sampler: Any) -> Any:
-    """The object whose ``state_dict`` is the sampler position: the index sampler itself, or the
-    sampler inside torch's own ``BatchSampler``; ``None`` when neither has one."""
-    if has_state_methods(index_sampler):
-        return index_sampler
-    if type(index_sampler).__iter__ is BatchSampler.__iter__:
-        inner = getattr(index_sampler, "sampler", None)
-        if has_state_methods(inner):
-            return inner
-    return None
 
 
 def _length(sampler: Any) -> int | None:

@@ -1,12 +1,10 @@
-"""The shape of a ``DataLoader.state_dict()``'s ``position``, checked whole before any of it is
-loaded.
+"""Checking a loaded state's shape whole, before any of it is used.
 
 A state goes through files, JSON and hands: one that was truncated or edited must be refused by
 ``load_state_dict`` with a ``ValueError`` naming the key and what it holds, not fail later with a
-bare ``KeyError`` (or, worse, at the next ``iter()``, half-applied).  The layout checked here is
-the one ``mploader.iterator.resume`` writes (``_between_epochs``, ``_in_epoch``) and
-``mploader.iterator.resume_format.snapshot_to_plain`` fills; what a dataset's or sampler's own
-``state_dict()`` put in it is theirs and is not checked.
+bare ``KeyError`` (or, worse, at the next ``iter()``, half-applied).  The shapes themselves are
+the layout's (``mploader.iterator.resume_format``); what a dataset's or sampler's own
+``state_dict()`` put in a state is theirs and is not checked (:data:`ANYTHING`).
 """
 
 from __future__ import annotations
@@ -40,51 +38,13 @@ class Base64:
 
 ANYTHING = object()  # a dataset's or sampler's own state
 
-_RNG = {
-    "torch": Base64,
-    "python": {"version": int, "words": Base64, "gauss_next": Maybe(float)},
-    "numpy": Maybe({"key": Base64, "pos": int, "has_gauss": int, "gauss": float}),
-}
-_ENTRY = {  # one worker's (or the main process's) entry: snapshot_to_plain
-    "rng": Maybe(_RNG),
-    "dataset_state": ANYTHING,
-    "in_epoch": bool,
-    "iterable": Maybe({"items": int, "ended": bool, "iterator_state": ANYTHING,
-                       "self_iterator": bool}),
-}
-_POSITION = {
-    "phase": OneOf(("in_epoch", "between_epochs")),
-    "epoch": int,
-    "iterator_epoch": int,
-    "generators": ListOf(Base64),
-    "global_rng": _RNG,
-    "base_seed": Maybe(int),
-    "base_seed_drawn": bool,
-    "workers": ListOf(_ENTRY),
-    "main": Maybe(_ENTRY),
-}
-_IN_EPOCH = {  # what a position within an epoch holds besides
-    "global_rng_at_state": Maybe(_RNG),
-    "batches_yielded": int,
-    "resume_at": int,
-    "delivered_after": ListOf(int),
-    "sampler_state": ANYTHING,
-    "next_worker": int,
-    "replay": int,
-}
 _NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a string", dict: "a dict",
           list: "a list", Base64: "a base64 string"}
 
 
-def check_position(position: Any) -> None:
-    """Raise a ``ValueError`` naming the first key of ``state['position']`` that is missing or
-    holds a value of the wrong kind; return if the position can be loaded."""
-    check_shape(position, _POSITION, "state['position']")
-    if position["phase"] == "in_epoch":
-        check_shape(position, _IN_EPOCH, "state['position']")
-
-
 def check_shape(value: Any, shape: Any, where: str) -> None:
+    """Raise a ``ValueError`` naming the first key under ``where`` that is missing or holds a
+    value of the wrong kind; return if ``value`` has ``shape``."""
     if shape is ANYTHING:
         return
     if isinstance(shape, Maybe):
@@ -97,7 +57,7 @@ def check_shape(value: Any, shape: Any, where: str) -> None:
             if key not in value:
                 raise ValueError(
                     f"load_state_dict: {where} has no {key!r}; the state was truncated, or made "
-                    "by another version of mploader"
+                    "by another version"
                 )
             check_shape(value[key], inner, f"{where}[{key!r}]")
     elif isinstance(shape, ListOf):
@@ -128,5 +88,5 @@ def _check_kind(value: Any, kind: type, where: str, named: type | None = None) -
 def _refuse(value: Any, where: str, kind: type) -> None:
     raise ValueError(
         f"load_state_dict: {where} is {value!r:.80} ({type(value).__name__}), expected "
-        f"{_NAMES[kind]}; the state was edited, or made by another version of mploader"
+        f"{_NAMES[kind]}; the state was edited, or made by another version"
     )

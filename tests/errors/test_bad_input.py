@@ -215,18 +215,35 @@ def saved_state() -> dict[str, Any]:
     return state
 
 
-def torchdata_state() -> dict[str, Any]:
+def torchdata_state(batch_size: int = BATCH_SIZE, num_workers: int = 0) -> dict[str, Any]:
+    """A state torchdata's own loader made after one batch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     with warnings.catch_warnings():  # torchdata 0.11 on torch 2.13: "'set_vital' is deprecated"
         warnings.simplefilter("ignore", UserWarning)
-        source = StatefulDataLoader(Items(), batch_size=BATCH_SIZE, num_workers=0)
+        source = StatefulDataLoader(Items(), batch_size=batch_size, num_workers=num_workers,
+                                    multiprocessing_context="fork" if num_workers else None)
         iterator = iter(source)
     next(iterator)
-    return source.state_dict()
+    state = source.state_dict()
+    del iterator, source
+    return state
 
 
-def without(*path: str) -> Callable[[dict[str, Any]], Any]:
+def same_state(first: Any, second: Any) -> bool:
+    """Whether two states are equal, tensors (a shuffle's generator) compared by value."""
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
+                and torch.equal(first, second))
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(
+            same_state(first[key], second[key]) for key in first)
+    if isinstance(first, list | tuple) and isinstance(second, list | tuple):
+        return len(first) == len(second) and all(map(same_state, first, second))
+    return bool(first == second)
+
+
+def without(*path: str | int) -> Callable[[dict[str, Any]], Any]:
     """The state without the key at ``path``."""
 
     def edit(state: dict[str, Any]) -> Any:
@@ -264,74 +281,82 @@ class StateRow:
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-TRUNCATED = r"; the state was truncated, or made by another version of mploader$"
-EDITED = r"; the state was edited, or made by another version of mploader$"
+TRUNCATED = r"; the state was truncated, or made by another version$"
+EDITED = r"; the state was edited, or made by another version$"
 OTHER_ARGUMENTS = (r"^load_state_dict: this state was made by a DataLoader built with other "
                    r"arguments ")
 NOT_A_DICT = (r"^load_state_dict: a state is a dict made by "
-              r"mploader\.DataLoader\.state_dict\(\), got ")
-NOT_OURS = (r"^load_state_dict: not a state made by mploader\.DataLoader\.state_dict\(\) \(its "
-            r"'format' is None, expected 'mploader\.DataLoader'\); a torchdata "
-            r"StatefulDataLoader state has another layout")
+              r"mploader\.DataLoader\.state_dict\(\) or torchdata's "
+              r"StatefulDataLoader\.state_dict\(\), got ")
+NO_LOADER_S = (r"^load_state_dict: not a state made by mploader\.DataLoader\.state_dict\(\) or "
+               r"torchdata's StatefulDataLoader\.state_dict\(\): it has neither '_snapshot' \(a "
+               r"loader with workers\) nor '_num_yielded' \(num_workers=0\)$")
+OWN, SNAP, MAIN, WORKERS = "_mploader", "_snapshot", "_main_snapshot", "_worker_snapshots"
+OWN_AT = r"^load_state_dict: state\['_mploader'\]"
+MAIN_AT = r"^load_state_dict: state\['_snapshot'\]\['_main_snapshot'\]"
 
 STATE_ROWS = [
     # truncated
-    StateRow("truncated-no-format", without("format"), ValueError, NOT_OURS),
-    StateRow("truncated-no-version", without("version"), ValueError,
-             r"^load_state_dict: this state has version None, but this mploader reads version 2"),
-    StateRow("truncated-no-arguments", without("arguments"), ValueError,
-             r"^load_state_dict: state has no 'arguments'" + TRUNCATED),
-    StateRow("truncated-no-position", without("position"), ValueError,
-             r"^load_state_dict: state has no 'position'" + TRUNCATED),
-    StateRow("truncated-no-resume_at", without("position", "resume_at"), ValueError,
-             r"^load_state_dict: state\['position'\] has no 'resume_at'" + TRUNCATED),
-    StateRow("truncated-no-generators", without("position", "generators"), ValueError,
-             r"^load_state_dict: state\['position'\] has no 'generators'" + TRUNCATED),
-    StateRow("truncated-no-worker-rng", without("position", "workers", 0, "rng"), ValueError,
-             r"^load_state_dict: state\['position'\]\['workers'\]\[0\] has no 'rng'" + TRUNCATED),
-    StateRow("truncated-no-python-rng", without("position", "global_rng", "python", "words"),
-             ValueError, r"^load_state_dict: state\['position'\]\['global_rng'\]\['python'\] "
-                         r"has no 'words'" + TRUNCATED),
+    StateRow("truncated-no-format", without(OWN, "format"), ValueError,
+             OWN_AT + r" has no 'format'" + TRUNCATED),
+    StateRow("truncated-no-version", without(OWN, "version"), ValueError,
+             OWN_AT + r" has no 'version'" + TRUNCATED),
+    StateRow("truncated-no-arguments", without(OWN, "arguments"), ValueError,
+             OWN_AT + r" has no 'arguments'" + TRUNCATED),
+    StateRow("truncated-no-snapshot", without(SNAP), ValueError, NO_LOADER_S),
+    StateRow("truncated-no-sampler_iter_yielded", without(SNAP, MAIN, "_sampler_iter_yielded"),
+             ValueError, MAIN_AT + r" has no '_sampler_iter_yielded'" + TRUNCATED),
+    StateRow("truncated-no-worker-entry", without(SNAP, WORKERS, "worker_0"), ValueError,
+             r"^load_state_dict: state\['_snapshot'\]\['_worker_snapshots'\] has \[\], "
+             r"expected \['worker_0'\]; the state was edited$"),
+    StateRow("truncated-no-generators", without(OWN, "generators"), ValueError,
+             OWN_AT + r" has no 'generators'" + TRUNCATED),
+    StateRow("truncated-no-worker-rng", without(OWN, "workers", 0, "rng"), ValueError,
+             OWN_AT + r"\['workers'\]\[0\] has no 'rng'" + TRUNCATED),
+    StateRow("truncated-no-python-rng", without(OWN, "global_rng", "python", "words"),
+             ValueError, OWN_AT + r"\['global_rng'\]\['python'\] has no 'words'" + TRUNCATED),
     # edited
-    StateRow("edited-resume_at-a-word", setting("three", "position", "resume_at"), ValueError,
-             r"^load_state_dict: state\['position'\]\['resume_at'\] is 'three' \(str\), "
-             r"expected an int" + EDITED),
-    StateRow("edited-resume_at-a-bool", setting(True, "position", "resume_at"), ValueError,
-             r"^load_state_dict: state\['position'\]\['resume_at'\] is True \(bool\), "
-             r"expected an int" + EDITED),
-    StateRow("edited-delivered_after-a-string", setting(["4"], "position", "delivered_after"),
-             ValueError, r"state\['position'\]\['delivered_after'\]\[0\] is '4' \(str\), "
-                         r"expected an int" + EDITED),
-    StateRow("edited-generators-an-int", setting([42], "position", "generators"), ValueError,
-             r"^load_state_dict: state\['position'\]\['generators'\]\[0\] is 42 \(int\), "
-             r"expected a base64 string" + EDITED),
-    StateRow("edited-generators-not-base64", setting(["not base64!"], "position", "generators"),
+    StateRow("edited-sampler_iter_yielded-a-word",
+             setting("three", SNAP, MAIN, "_sampler_iter_yielded"), ValueError,
+             MAIN_AT + r"\['_sampler_iter_yielded'\] is 'three' \(str\), expected an int"
+             + EDITED),
+    StateRow("edited-sampler_iter_yielded-a-bool",
+             setting(True, SNAP, MAIN, "_sampler_iter_yielded"), ValueError,
+             MAIN_AT + r"\['_sampler_iter_yielded'\] is True \(bool\), expected an int" + EDITED),
+    StateRow("edited-num_workers", setting(2, SNAP, MAIN, "_num_workers"), ValueError,
+             r"^load_state_dict: this state was made by a loader with num_workers=2, this one "
+             r"has num_workers=1"),
+    StateRow("edited-delivered_after-a-string", setting(["4"], OWN, "delivered_after"),
+             ValueError, r"\['delivered_after'\]\[0\] is '4' \(str\), expected an int" + EDITED),
+    StateRow("edited-generators-an-int", setting([42], OWN, "generators"), ValueError,
+             OWN_AT + r"\['generators'\]\[0\] is 42 \(int\), expected a base64 string"
+             + EDITED),
+    StateRow("edited-generators-not-base64", setting(["not base64!"], OWN, "generators"),
              ValueError, r"\['generators'\]\[0\] is 'not base64!' \(str\), expected a base64 "
                          r"string" + EDITED),
-    StateRow("edited-generators-too-short", setting(["AAAA"], "position", "generators"),
+    StateRow("edited-generators-too-short", setting(["AAAA"], OWN, "generators"),
              ValueError, r"^load_state_dict: a generator state of the state's is 3 bytes, this "
                          r"loader's generator's 5056; the state was edited$"),
     StateRow("edited-generators-one-more", lambda state: setting(
-        state["position"]["generators"] * 2, "position", "generators")(state), ValueError,
+        state[OWN]["generators"] * 2, OWN, "generators")(state), ValueError,
              r"^load_state_dict: the state's sampler drew from 2 torch\.Generator\(s\), this "
              r"loader's from 1"),
-    StateRow("edited-global_rng-a-string", setting("x", "position", "global_rng"), ValueError,
-             r"^load_state_dict: state\['position'\]\['global_rng'\] is 'x' \(str\), expected "
-             r"a dict" + EDITED),
-    StateRow("edited-worker-rng-a-list", setting([1, 2], "position", "workers", 0, "rng"),
-             ValueError, r"^load_state_dict: state\['position'\]\['workers'\]\[0\]\['rng'\] is "
-                         r"\[1, 2\] \(list\), expected a dict" + EDITED),
-    StateRow("edited-workers-not-a-list", setting(None, "position", "workers"), ValueError,
-             r"^load_state_dict: state\['position'\]\['workers'\] is None \(NoneType\), "
-             r"expected a list" + EDITED),
+    StateRow("edited-global_rng-a-string", setting("x", OWN, "global_rng"), ValueError,
+             OWN_AT + r"\['global_rng'\] is 'x' \(str\), expected a dict" + EDITED),
+    StateRow("edited-worker-rng-a-list", setting([1, 2], OWN, "workers", 0, "rng"),
+             ValueError, OWN_AT + r"\['workers'\]\[0\]\['rng'\] is \[1, 2\] \(list\), "
+                         r"expected a dict" + EDITED),
+    StateRow("edited-workers-not-a-list", setting(None, OWN, "workers"), ValueError,
+             OWN_AT + r"\['workers'\] is None \(NoneType\), expected a list" + EDITED),
     StateRow("edited-workers-one-more", lambda state: setting(
-        state["position"]["workers"] * 2, "position", "workers")(state), ValueError,
+        state[OWN]["workers"] * 2, OWN, "workers")(state), ValueError,
              r"^load_state_dict: the state has 2 worker entries for 1 workers; the state was "
              r"edited$"),
-    StateRow("edited-phase-unknown", setting("mid_epoch", "position", "phase"), ValueError,
-             r"^load_state_dict: state\['position'\]\['phase'\] is 'mid_epoch', expected one "
-             r"of 'in_epoch', 'between_epochs'; the state was edited$"),
-    StateRow("edited-arguments-batch_size", setting(3, "arguments", "batch_size"), ValueError,
+    StateRow("edited-phase-unknown", setting("mid_epoch", OWN, "phase"), ValueError,
+             OWN_AT + r"\['phase'\] is 'mid_epoch', expected one of 'in_epoch', "
+                      r"'between_epochs'; the state was edited$"),
+    StateRow("edited-arguments-batch_size", setting(3, OWN, "arguments", "batch_size"),
+             ValueError,
              OTHER_ARGUMENTS + r"\(batch_size: the state's loader had 3, this one has 2\)"),
     # from a loader built with other arguments
     StateRow("other-batch_size", lambda state: state, ValueError,
@@ -339,18 +364,32 @@ STATE_ROWS = [
                                r"sampler_length: the state's loader had 6, this one has 4\)",
              {"batch_size": 3}),
     StateRow("other-num_workers", lambda state: state, ValueError,
-             OTHER_ARGUMENTS + r"\(num_workers: the state's loader had 1, this one has 2\)",
-             {"num_workers": 2}),
+             r"^load_state_dict: this state was made by a loader with num_workers=1, this one "
+             r"has num_workers=2; build the loader with the num_workers of the one that made "
+             r"the state$", {"num_workers": 2}),
     StateRow("other-dataset-length", lambda state: state, ValueError,
              OTHER_ARGUMENTS + r"\(dataset_length: the state's loader had 12, this one has 13; "
                                r"sampler_length: the state's loader had 6, this one has 7\)",
              {"dataset": Items(LENGTH + 1)}),
+    # torchdata's loader, built with other arguments
+    StateRow("torchdata-other-num_workers", lambda state: torchdata_state(), ValueError,
+             r"^load_state_dict: this state was made by a loader with num_workers=0, this one "
+             r"has num_workers=1"),
+    StateRow("torchdata-other-batch_size",
+             lambda state: torchdata_state(batch_size=BATCH_SIZE + 1, num_workers=1), ValueError,
+             r"^load_state_dict: the state's batch sampler drew 3 indices in 1 batches, which "
+             r"this loader's batch_size=2 cannot; build the loader with the batch_size of the "
+             r"one that made the state$"),
     # another format, or no dict
-    StateRow("format-torchdata", lambda state: torchdata_state(), ValueError, NOT_OURS),
-    StateRow("format-version-999", lambda state: {"version": 999}, ValueError, NOT_OURS),
-    StateRow("format-right-version-999", setting(999, "version"), ValueError,
-             r"^load_state_dict: this state has version 999, but this mploader reads version 2; "
-             r"load it with the mploader version that made it$"),
+    StateRow("format-earlier-mploader",
+             lambda state: {"format": "mploader.DataLoader", "version": 2, "position": {}},
+             ValueError, r"^load_state_dict: this state was made by an earlier mploader \(its "
+                         r"layout, version 2, is not torchdata's\)"),
+    StateRow("format-version-999", lambda state: {"version": 999}, ValueError, NO_LOADER_S),
+    StateRow("format-right-version-999", setting(999, OWN, "version"), ValueError,
+             OWN_AT + r" is of format 'mploader\.DataLoader', version 999; this mploader reads "
+                      r"'mploader\.DataLoader' version 3\. Load it with the mploader version that "
+                      r"made it$"),
     StateRow("not-a-dict-a-list", lambda state: list(state.items()), TypeError,
              NOT_A_DICT + "list$"),
     StateRow("not-a-dict-none", lambda state: None, TypeError, NOT_A_DICT + "NoneType$"),
@@ -358,7 +397,7 @@ STATE_ROWS = [
              NOT_A_DICT + "Tensor$"),
     StateRow("not-a-dict-an-array", lambda state: np.arange(3), TypeError,
              NOT_A_DICT + "ndarray$"),
-    StateRow("not-a-dict-a-json-string", lambda state: json.dumps(state), TypeError,
+    StateRow("not-a-dict-a-string", lambda state: "a checkpoint path", TypeError,
              NOT_A_DICT + "str$"),
 ]
 
@@ -374,8 +413,8 @@ def test_a_bad_state_is_refused_and_nothing_is_half_loaded(
         target.load_state_dict(bad)
     after = target.state_dict()
     for state in (before, after):  # the main process's generators are read now: not compared
-        del state["position"]["global_rng"]
-    assert after == before, "the refused state was partly loaded"
+        del state[OWN]["global_rng"]
+    assert same_state(after, before), "the refused state was partly loaded"
     expected = epoch(loader(**row.loader_kwargs)) if row.loader_kwargs else fresh_epoch
     assert epoch(target) == expected
 

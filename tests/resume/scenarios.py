@@ -9,7 +9,7 @@ draws its worker made.
 from __future__ import annotations
 
 import gc
-import json
+import io
 import os
 import random
 import signal
@@ -213,6 +213,28 @@ class Split:
     state: dict[str, Any] = field(default_factory=dict)
 
 
+def through_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` saved with ``torch.save`` and read back with ``torch.load(weights_only=True)``."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded: dict[str, Any] = torch.load(buffer, weights_only=True)
+    return loaded
+
+
+def same_state(first: Any, second: Any) -> bool:
+    """Whether two states are equal, tensors (a shuffle's generator) compared by value."""
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
+                and torch.equal(first, second))
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(
+            same_state(first[key], second[key]) for key in first)
+    if isinstance(first, list | tuple) and isinstance(second, list | tuple):
+        return len(first) == len(second) and all(map(same_state, first, second))
+    return bool(first == second)
+
+
 def uninterrupted(make: Callable[[], mploader.DataLoader], epochs: int) -> list[list[Any]]:
     loader = make()
     result = [[plain(batch) for batch in loader] for _ in range(epochs)]
@@ -229,9 +251,9 @@ def first_half(make: Callable[[], mploader.DataLoader], split: Split) -> list[li
         seen.append([plain(batch) for batch in iterator])
     else:
         seen.append([plain(next(iterator)) for _ in range(split.batches)])
-    # Every state a resume test makes goes through JSON (a checkpoint in JSON or YAML, a
-    # trainer's metadata) on its way to the second half.
-    split.state = json.loads(json.dumps(loader.state_dict()))
+    # Every state a resume test makes goes through a checkpoint file on its way to the second
+    # half, as a trainer saves it (tensors and all: a shuffle's generator is one).
+    split.state = through_checkpoint(loader.state_dict())
     del iterator
     close(loader)
     return seen

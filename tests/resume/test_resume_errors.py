@@ -10,7 +10,17 @@ from torch.utils.data import SequentialSampler
 
 import mploader
 
-from .scenarios import LENGTH, Augmented, NumpyState, Split, close, first_half, shuffled, streamed
+from .scenarios import (
+    LENGTH,
+    Augmented,
+    NumpyState,
+    Split,
+    close,
+    first_half,
+    same_state,
+    shuffled,
+    streamed,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,20 +31,29 @@ def state() -> dict[str, Any]:
 
 
 def test_another_version_is_refused(state: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match=r"this state has version 99, but this mploader reads "
-                                         r"version 2"):
-        shuffled().load_state_dict({**state, "version": 99})
+    with pytest.raises(ValueError, match=r"state\['_mploader'\] is of format "
+                                         r"'mploader\.DataLoader', version 99; this mploader reads "
+                                         r"'mploader\.DataLoader' version 3"):
+        shuffled().load_state_dict({**state, "_mploader": {**state["_mploader"], "version": 99}})
 
 
-def test_a_state_of_another_format_is_refused() -> None:
-    torchdata_like = {"_snapshot": {}, "_steps_since_snapshot": 0, "_iterator_finished": False}
-    with pytest.raises(ValueError, match=r"not a state made by mploader\.DataLoader\.state_dict"):
-        shuffled().load_state_dict(torchdata_like)
+def test_a_state_of_an_earlier_mploader_is_refused_by_name() -> None:
+    earlier = {"format": "mploader.DataLoader", "version": 2, "arguments": {}, "position": {}}
+    with pytest.raises(ValueError, match=r"this state was made by an earlier mploader \(its "
+                                         r"layout, version 2, is not torchdata's\)"):
+        shuffled().load_state_dict(earlier)
+
+
+def test_a_state_of_no_loader_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"not a state made by mploader\.DataLoader\.state_dict"
+                                         r"\(\) or torchdata's StatefulDataLoader\.state_dict\(\)"):
+        shuffled().load_state_dict({"epoch": 3, "model": {}})
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
     (dict(batch_size=4), r"batch_size: the state's loader had 3, this one has 4"),
-    (dict(num_workers=1), r"num_workers: the state's loader had 2, this one has 1"),
+    (dict(num_workers=1), r"this state was made by a loader with num_workers=2, this one has "
+                          r"num_workers=1"),
     (dict(dataset=Augmented(LENGTH + 1)), r"dataset_length: the state's loader had 20, this one "
                                           r"has 21"),
     (dict(shuffle=False, sampler=SequentialSampler(range(LENGTH))),
@@ -56,8 +75,9 @@ def test_a_dataset_state_that_is_not_plain_is_named() -> None:
     loader = streamed(dataset=NumpyState())
     iterator = iter(loader)
     next(iterator)
-    with pytest.raises(TypeError, match=r"state\['position'\]\['workers'\]\[0\]"
-                                        r"\['dataset_state'\]\['position'\] is a numpy\.int64"):
+    with pytest.raises(TypeError, match=r"state\['_snapshot'\]\['_worker_snapshots'\]"
+                                        r"\['worker_0'\]\['dataset_state'\]\['position'\] is a "
+                                        r"numpy\.int64"):
         loader.state_dict()
     del iterator
     close(loader)
@@ -77,7 +97,8 @@ def test_a_state_before_any_iteration_gives_the_first_epoch_and_an_empty_one_loa
     from: a loader that loads it gives that epoch, whatever its own generators say."""
     expected = [[batch.tolist() for batch in shuffled()]]
     fresh = shuffled().state_dict()
-    assert fresh["position"]["phase"] == "between_epochs" and fresh["position"]["epoch"] == 0
+    assert fresh["_mploader"]["phase"] == "between_epochs" and fresh["_mploader"]["epoch"] == 0
+    assert fresh["_iterator_finished"] is False and fresh["_snapshot"]["_snapshot_step"] == 0
     loader = shuffled(generator=torch.Generator().manual_seed(1234))
     loader.load_state_dict(fresh)
     loader.load_state_dict({})  # nothing: the loaded state stays
@@ -89,7 +110,8 @@ def test_the_state_after_loading_is_the_loaded_one(state: dict[str, Any]) -> Non
     loader = shuffled()
     loader.load_state_dict(state)
     again = loader.state_dict()
-    assert again["position"]["resume_at"] == state["position"]["resume_at"] == 2
+    assert same_state(again, state)
+    assert again["_snapshot"]["_main_snapshot"]["_sampler_iter_yielded"] == 2
 
 
 def test_the_torch_loader_api_is_unchanged() -> None:
