@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import re
 import socket
 import time
