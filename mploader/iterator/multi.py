@@ -116,6 +116,8 @@ class MultiProcessIterator(BaseIterator):
             self, _shutdown_iterator, self._group, self._channel, self._pinning, self._urgency,
             self._monitor, settings.latest_stats, self._followed_as,
         )
+        if self._tracker is not None:  # state_dict() before a worker said where it starts
+            self._tracker.follow_starts(self._await_starts)
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
         publisher.start_thread()  # while the cores are free: not among the starting workers
         launched_at = time.monotonic()
@@ -379,6 +381,8 @@ class MultiProcessIterator(BaseIterator):
         if isinstance(message, WorkerReady):
             self._monitor.worker_ready(message.worker_id, message.pid, message.at,
                                        message.init_failed)
+            if self._tracker is not None:
+                self._tracker.worker_started(message.worker_id, message.state)
         elif isinstance(message, TaskDone):
             self._on_task_done(message, event.payload)
         elif (isinstance(message, IterableExhausted)
@@ -470,6 +474,25 @@ class MultiProcessIterator(BaseIterator):
                      for handle in self._group.handles]
             return self._monitor.snapshot(views, self._table.in_flight,
                                           self._channel.statistics(), self._worker_threads)
+
+    def _await_starts(self) -> None:
+        """``state_dict()`` before each worker said where it starts (right after ``iter()``):
+        read the workers' messages until they have, one ends, or the loader's ``timeout``
+        passes (torchdata's loader waits for the same inside ``iter()``)."""
+        assert self._tracker is not None
+        deadline = self._new_deadline()
+        while not self._tracker.all_started() and not self._group.closed:
+            events = self._group.wait(self._remaining(deadline))
+            if not events and deadline is not None and time.monotonic() >= deadline:
+                return
+            with self._lock:
+                for event in events:
+                    if self._deferred or event.ended:
+                        self._deferred.append(event)  # the next __next__ raises or restarts
+                    else:
+                        self._handle(event)
+            if self._deferred:
+                return
 
     def _read_what_arrived(self) -> None:
         """Read the workers' messages unless the loop is waiting for them right now (then it

@@ -30,8 +30,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,10 @@ class ResumeTracker:
         self.delivered_in_epoch = [False] * self.slots
         self.fresh = [True] * self.slots
         self.arrived: list[WorkerSnapshot | None] = [None] * self.slots
+        # Per worker of the latest iterator: whether it said where it starts (WorkerReady),
+        # and how to wait for the ones that did not yet (the iterator's, weakly held).
+        self.started = [True] * self.slots
+        self.starts_waiter: weakref.WeakMethod[Callable[[], None]] | None = None
         self.snapshot: Snapshot | None = None  # the last one kept (interval != 1)
         self.epoch_tasks: int | None = None  # tasks in a map-style epoch, when the sampler says
         self.local_fetcher: IterableFetcher | None = None  # num_workers=0: the live fetcher
@@ -136,7 +141,8 @@ class ResumeTracker:
         way) stays here, so the copy's position is its last epoch's end, or a state loaded and
         not yet used."""
         state = dict(self.__dict__)
-        state.update(table=None, local_fetcher=None, _window_plan=None, _window_start=None)
+        state.update(table=None, local_fetcher=None, _window_plan=None, _window_start=None,
+                     starts_waiter=None, sampler_iter=None)
         return state
 
     def configure(self, loader: Any) -> None:
@@ -160,6 +166,10 @@ class ResumeTracker:
     def state_dict(self) -> dict[str, Any]:
         if self._pending_state is not None:
             return copy.deepcopy(self._pending_state)
+        if self.table is not None and not self.finished and not self.all_started():
+            waiter = self.starts_waiter() if self.starts_waiter is not None else None
+            if waiter is not None:
+                waiter()
         if self.table is None or self.finished:
             plan = self._between_epochs()
         else:
@@ -273,6 +283,8 @@ class ResumeTracker:
             self.delivered = [snapshot for snapshot, _ in workers]
             self.arrived = list(self.delivered)
             self.delivered_in_epoch = [in_epoch for _, in_epoch in workers]
+            self.started = [self.inline] * self.slots
+            self.starts_waiter = None
         else:
             self.delivered_in_epoch = [False] * self.slots
         self.fresh = [True] * self.slots
@@ -365,6 +377,28 @@ class ResumeTracker:
                           else None)
         return copy.deepcopy((index_state, iterator_state))
 
+    def follow_starts(self, waiter: Callable[[], None]) -> None:
+        """The new iterator's way to wait until every worker said where it starts."""
+        self.starts_waiter = weakref.WeakMethod(waiter)  # type: ignore[arg-type]
+
+    def all_started(self) -> bool:
+        return all(self.started)
+
+    def worker_started(self, worker_id: int, state: WorkerSnapshot | None) -> None:
+        """Worker ``worker_id`` started with ``state`` (its generators, its dataset's state and
+        an iterable's fresh iterator): its position until one of its batches is delivered, as
+        torchdata's workers report theirs at start.  A replacement for a crashed worker starts
+        from the dead one's last result instead (``restart_restore``)."""
+        if self.started[worker_id]:
+            return
+        self.started[worker_id] = True
+        if state is None:
+            return
+        full = self.arrived_from(worker_id, state)
+        if not self.delivered_in_epoch[worker_id]:
+            self.delivered[worker_id] = full
+            self.delivered_in_epoch[worker_id] = True
+
     def arrived_from(self, worker_id: int, state: WorkerSnapshot | None) -> WorkerSnapshot | None:
         """A result arrived with ``state``: the worker's full snapshot as of that result."""
         if state is None:
@@ -431,7 +465,12 @@ class ResumeTracker:
             self.snapshot = self._snapshot_now(
                 table, self._sampler_state_at_resume(table.delivered_through))
 
-    def _snapshot_now(self, table: TaskTable, sampler_state: Any) -> Snapshot:
+    def _snapshot_now(self, table: TaskTable, sampler_state: SamplerState) -> Snapshot:
+        workers, in_epoch = list(self.delivered), list(self.delivered_in_epoch)
+        for worker_id, snapshot in table.exhausted.items():
+            # a copy that ran out, once its last batch was delivered: its position is the end
+            if snapshot is not None and not table.arrived_of(worker_id):
+                workers[worker_id], in_epoch[worker_id] = snapshot, True
         return Snapshot(
             batches_yielded=table.batches_yielded,
             resume_at=table.delivered_through,
@@ -439,8 +478,8 @@ class ResumeTracker:
             next_worker=table.next_worker % self.slots,
             deliveries=table.deliveries,
             sampler_state=sampler_state,
-            workers=list(self.delivered),
-            workers_in_epoch=list(self.delivered_in_epoch),
+            workers=workers,
+            workers_in_epoch=in_epoch,
         )
 
     # -- pieces of the state ---------------------------------------------------------------------

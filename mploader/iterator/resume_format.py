@@ -391,7 +391,8 @@ def _torchdata_plan(state: dict[str, Any], num_workers: int, is_iterable: bool,
     in_epoch = not finished
     entries = [(_snapshot_from(entry, None, None), in_epoch)
                for entry in _entries(state, num_workers)]
-    _check_batch_size(common, batch_size, arguments["drop_last"])
+    if not is_iterable:  # an iterable dataset's "sampler" draws nothing
+        _check_batch_size(common, batch_size, arguments["drop_last"])
     plan = ResumePlan(
         in_epoch=in_epoch,
         epoch=None,

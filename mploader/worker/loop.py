@@ -155,8 +155,9 @@ class WorkerLoop:
                     spec.worker_threads, spec.fetch.dataset, spec.fetch.auto_collation
                 )
                 self.tasks_or_fetches = Poller(self.tasks.fileno(), self.fetch_threads.fileno())
+        start = self.snapshot() if self.fetcher is not None else None
         self.send(WorkerReady(spec.worker_id, self.pid, self.init_error is not None,
-                              time.monotonic()))
+                              time.monotonic(), start))
         self.watchdog.start_thread(self.abandon)
         _log.debug("worker %d (pid %d) ready", spec.worker_id, self.pid)
 

@@ -12,7 +12,9 @@ Each worker has two pipes.  The *task pipe* carries, main -> worker, in FIFO ord
 
 The *result pipe* carries, worker -> main:
 
-    WorkerReady(worker_id, pid, at)         seeded, ``worker_init_fn`` and hooks ran (or failed)
+    WorkerReady(worker_id, pid, at, state)  seeded, ``worker_init_fn`` and hooks ran (or failed),
+                                            its first dataset iterator made (``state``: where
+                                            it starts, with resume state tracking)
     TaskDone(epoch, task_id, payload, ...)  a batch (encoded by the channel) or a RemoteError,
                                             with the worker's state right after it (``state``, a
                                             ``WorkerSnapshot`` or None: see ``worker.resume``)
@@ -103,6 +105,7 @@ class WorkerReady:
     pid: int
     init_failed: bool = False
     at: float = 0.0  # when (time.monotonic(), which every process shares)
+    state: WorkerSnapshot | None = None  # resume state tracking: the worker as it starts
 
 
 @_pickled_as_values

@@ -460,11 +460,12 @@ class LoggedState(Dataset):
         pass
 
 
-@pytest.mark.parametrize(("every", "calls"), [(1, 12), (6, 4), (0, 0)])
+@pytest.mark.parametrize(("every", "calls"), [(1, 2 + 12), (6, 2 + 4), (0, 2 + 0)])
 def test_g_a_larger_interval_asks_workers_for_fewer_states(tmp_path: Any, every: int,
                                                            calls: int) -> None:
-    """12 batches over 2 workers: every batch carries its worker's state at n=1; at n=6 only
-    the two before each sixth (tasks 4, 5, 10, 11); at n=0 none."""
+    """12 batches over 2 workers: each worker says where it starts (2 states, as torchdata's
+    workers do at start); then every batch carries its worker's state at n=1; at n=6 only the
+    two before each sixth (tasks 4, 5, 10, 11); at n=0 none."""
     log = str(tmp_path / "calls")
     open(log, "w").close()
     data = mploader.DataLoader(LoggedState(log), batch_size=2, num_workers=2,
