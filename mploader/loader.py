@@ -133,14 +133,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return self._latest_stats.current()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: after the last batch the consumer received.
+        r"""Where this loader stands: after the last batch the consumer received.
 
-        A plain dict with a ``format`` and a ``version``: mploader's own entries are Python
-        scalars, strings, lists and dicts (generator states are base64 strings), so the state
-        pickles, ``torch.save``\\ s, loads with ``torch.load(weights_only=True)`` and goes
-        through ``json.dumps``.  What a dataset's or sampler's own ``state_dict()`` returns is
-        kept as it is and may add tensors, tuples or int keys (then JSON no longer round-trips
-        it); anything else there (a numpy scalar, say) is a ``TypeError`` naming where it is.
+        A dict in the layout of torchdata's ``StatefulDataLoader`` (its keys, with their
+        meaning), with what mploader knows beyond them under ``_mploader`` (docs/guide/resume.md
+        has every field), so torchdata's loader loads it too.  Plain Python scalars, strings,
+        lists and dicts but for tensors where torchdata has them (a shuffle's generator state)
+        and what a dataset's or sampler's own ``state_dict()`` returns: it pickles,
+        ``torch.save``\ s and loads with ``torch.load(weights_only=True)``.  Anything else there
+        (a numpy scalar, say) is a ``TypeError`` naming where it is.
 
         A new loader built with the same arguments that loads it with
         :meth:`load_state_dict` yields, from its next ``iter()``, exactly the batches this one
@@ -152,10 +153,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return tracker.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a :meth:`state_dict` at the next ``iter()``.  A state made by another
-        version, or by a loader built with other arguments, is a ``ValueError`` naming the
-        difference, as is a truncated or edited one; anything but a dict is a ``TypeError``.  A
-        refused state loads nothing.  ``{}`` loads nothing."""
+        """Resume from a :meth:`state_dict` at the next ``iter()``, or from a state torchdata's
+        ``StatefulDataLoader`` saved (continuing where torchdata's loader would).  A state made
+        by another version, or by a loader built with other arguments, is a ``ValueError``
+        naming the difference, as is a truncated or edited one; anything but a dict is a
+        ``TypeError``.  A refused state loads nothing.  ``{}`` loads nothing."""
         tracker = self._tracker_or_raise("load_state_dict")
         if isinstance(state_dict, dict) and not state_dict:
             return

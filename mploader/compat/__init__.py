@@ -12,6 +12,10 @@ what mploader relies on, mploader falls back to documented behaviour.
   tensor reductions) and the pin-memory rules that changed in 2.7 and 2.9.
 * :mod:`mploader.compat.torch_generator`: reading the default CPU generator's engine in place
   (a layout of torch's C++ objects), with an explicit fallback to ``get_state()``.
+* :mod:`mploader.compat.torch_sampler`: how torch's ``RandomSampler`` draws its permutation,
+  so a shuffle's position is named as torchdata's own sampler names it.
+* :mod:`mploader.compat.torchdata_keys`: the keys of torchdata's ``StatefulDataLoader`` states,
+  which mploader's states share.
 * :mod:`mploader.compat.cpython`: CPython internals: multiprocessing's "spawning Popen" slot,
   ``Process._bootstrap`` and the exit handling around it (moved out of it in 3.13), a process's
   ``Popen``, the layout of ``random.Random``, and the warning of a fork with threads.

@@ -6,8 +6,8 @@ permutation was drawn from>}``.  torch's ``RandomSampler`` keeps no state, so mp
 writes that position for it from the outside: the permutation is ``torch.randperm(n,
 generator=g)``, drawn at the iterator's first ``next()`` from the sampler's ``generator`` or,
 without one, from a ``torch.Generator`` seeded with one int64 drawn then from torch's global
-generator.  The same in every supported version (2.6 to 2.14); ``tests/parity/
-test_parity_sampler_position.py`` checks it against the installed torch.
+generator.  The same in every supported version (2.6 to 2.14);
+``tests/parity/test_parity_sampler_position.py`` checks it against the installed torch.
 """
 
 from __future__ import annotations

@@ -10,8 +10,11 @@
 * ``latest``: what ``DataLoader.stats()`` answers from, and the loader's count of epochs.
 * ``publisher``: publishes the live iterators' snapshots for ``python -m mploader top``.
 * ``resume``: mid-epoch resume, main side: follows the consumer, makes and loads the state.
-* ``resume_format``: the state's format and version, and worker snapshots as plain values.
-* ``resume_shape``: the layout of a state's ``position``, checked whole before loading.
+* ``resume_plan``: ``ResumePlan``, the one record of a position, saved or loaded.
+* ``resume_format``: the state's layout (torchdata's keys, and mploader's under ``_mploader``).
+* ``resume_shape``: checking a loaded state's shape whole, before any of it is used.
+* ``batch_draw``: torch's ``BatchSampler`` drawn as torch draws it, its position in torchdata's
+  words.
 
 May import ``process``, ``channel``, ``worker`` (for the spec and the messages), ``monitor`` and
 the leaves (``compat``, ``config``, ``errors``, ``finalizers``); nothing imports the iterator but
