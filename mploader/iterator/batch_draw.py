@@ -17,6 +17,7 @@ between the two loaders in both directions.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 import torch
@@ -73,14 +74,11 @@ class BatchDraw:
             if self.shuffle is not None:
                 self.permutation_source = torch_sampler.permutation_source(self.shuffle)
             items = self._items = iter(self.sampler)
-        batch: list[Any] = []
-        try:
-            for _ in range(self.batch_size):
-                batch.append(next(items))
-        except StopIteration:
+        batch = [*islice(items, self.batch_size)]  # as torch's: in C, not a Python loop
+        if len(batch) < self.batch_size:  # the sampler ran out
             self._done = True
             if not batch or self.drop_last:
-                raise
+                raise StopIteration
         self.samples_yielded += len(batch)
         return batch
 
