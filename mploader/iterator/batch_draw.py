@@ -31,7 +31,7 @@ from mploader.compat.torchdata_keys import (
     SHUFFLE_GENERATOR,
     SHUFFLE_YIELDED,
 )
-from mploader.worker.resume import has_state_methods
+from mploader.worker.resume import draw_past, has_state_methods
 
 
 class BatchDraw:
@@ -132,18 +132,10 @@ class BatchDraw:
                         "that made the state")
                 self._items.load_state_dict(inner)
             elif SAMPLER_STATE not in state:
-                self._skip(samples)
-        self.samples_yielded = samples
-
-    def _skip(self, samples: int) -> None:
-        for drawn in range(samples):
-            try:
-                next(self._items)
-            except StopIteration:
-                raise ValueError(
+                draw_past(self._items, samples, lambda drawn: (
                     f"load_state_dict: the state resumes after {samples} indices, but this "
-                    f"loader's sampler gives {drawn}; the sampler differs"
-                ) from None
+                    f"loader's sampler gives {drawn}; the sampler differs"))
+        self.samples_yielded = samples
 
     def _shuffle_state(self, samples: int) -> dict[str, Any]:
         assert self.permutation_source is not None

@@ -53,6 +53,7 @@ from mploader.worker.info import draw_base_seed
 from mploader.worker.resume import (
     WorkerRestore,
     WorkerSnapshot,
+    draw_past,
     has_state_methods,
     iterable_snapshot,
 )
@@ -343,14 +344,9 @@ class ResumeTracker:
             return sampler_iter
         if index_state is not None:
             return sampler_iter
-        for drawn in range(plan.resume_at):
-            try:
-                next(sampler_iter)
-            except StopIteration:
-                raise ValueError(
-                    f"load_state_dict: the state resumes after {plan.resume_at} batches, but "
-                    f"this loader's sampler gives {drawn}; the sampler differs"
-                ) from None
+        draw_past(sampler_iter, plan.resume_at, lambda drawn: (
+            f"load_state_dict: the state resumes after {plan.resume_at} batches, but this "
+            f"loader's sampler gives {drawn}; the sampler differs"))
         return sampler_iter
 
     def drawn(self, task_id: int, sampler_iter: Any) -> bool:

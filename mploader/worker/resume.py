@@ -25,6 +25,7 @@ batches are the uninterrupted run's.  A map-style dataset's own state is loaded 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,15 +149,20 @@ def restored_iterable_fetcher(dataset: Any, auto_collation: bool, drop_last: boo
         fetcher.iterator.load_state_dict(position.iterator_state)  # type: ignore[attr-defined]
     elif dataset_state is None:
         items = position.items or 0
-        for drawn in range(items):
-            try:
-                next(fetcher.iterator)
-            except StopIteration:
-                raise ValueError(
-                    f"cannot resume this IterableDataset: the state says this worker's iterator "
-                    f"had yielded {items} items, but it ends after {drawn}; the dataset differs "
-                    "from the one that made the state"
-                ) from None
+        draw_past(fetcher.iterator, items, lambda drawn: (
+            f"cannot resume this IterableDataset: the state says this worker's iterator had "
+            f"yielded {items} items, but it ends after {drawn}; the dataset differs from the one "
+            "that made the state"))
     fetcher.items = position.items or 0
     fetcher.ended = position.ended
     return fetcher
+
+
+def draw_past(iterator: Any, count: int, refusal: Callable[[int], str]) -> None:
+    """Draw and drop ``count`` items of ``iterator`` (a resume without a state to load); a
+    ``ValueError`` of ``refusal(drawn)`` if it ends after ``drawn``."""
+    for drawn in range(count):
+        try:
+            next(iterator)
+        except StopIteration:
+            raise ValueError(refusal(drawn)) from None

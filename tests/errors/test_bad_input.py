@@ -43,6 +43,7 @@ from mploader.integrations.nebula.budget import HostSessionBudget
 from mploader.integrations.nebula.errors import NebulaConnectionError
 from tests.leaks import let_loaders_go
 from tests.lifecycle.conftest import no_leftovers  # noqa: F401  (autouse: nothing left behind)
+from tests.resume.scenarios import same_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,19 +228,6 @@ def torchdata_state(batch_size: int = BATCH_SIZE, num_workers: int = 0) -> dict[
     state = source.state_dict()
     del iterator, source
     return state
-
-
-def same_state(first: Any, second: Any) -> bool:
-    """Whether two states are equal, tensors (a shuffle's generator) compared by value."""
-    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
-        return (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
-                and torch.equal(first, second))
-    if isinstance(first, dict) and isinstance(second, dict):
-        return first.keys() == second.keys() and all(
-            same_state(first[key], second[key]) for key in first)
-    if isinstance(first, list | tuple) and isinstance(second, list | tuple):
-        return len(first) == len(second) and all(map(same_state, first, second))
-    return bool(first == second)
 
 
 def without(*path: str | int) -> Callable[[dict[str, Any]], Any]:

@@ -4,17 +4,18 @@ torchdata does not promise), they agree on which samples remain, and in which ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, RandomSampler
+from torch.utils.data import Dataset, RandomSampler
 
 import mploader
 
 from .torchdata_side import (
     IGNORE_TORCHDATA_WARNINGS,
+    Shards,
     StatefulDataLoader,
     StatefulDistributedSampler,
 )
@@ -29,28 +30,6 @@ class Items(Dataset):
 
     def __getitem__(self, index: int) -> int:
         return index
-
-
-class Shards(IterableDataset):
-    """Each worker yields its shard; ``state_dict`` is the position within it."""
-
-    def __init__(self) -> None:
-        self.position = 0
-        self.start = 0
-
-    def __iter__(self) -> Iterator[int]:
-        info = torch.utils.data.get_worker_info()
-        shard = range(info.id, LENGTH, info.num_workers) if info else range(LENGTH)
-        start, self.start = self.start, 0
-        for position in range(start, len(shard)):
-            self.position = position + 1
-            yield shard[position]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["position"]
 
 
 def remaining_after(loader_class: type, make_arguments: Callable[[], dict[str, Any]],
@@ -75,7 +54,7 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
         dataset=Items(), batch_size=3, num_workers=2, multiprocessing_context="fork",
         sampler=StatefulDistributedSampler(Items(), num_replicas=2, rank=0, shuffle=True, seed=1)),
     "iterable-with-state": lambda: dict(
-        dataset=Shards(), batch_size=2, num_workers=2, multiprocessing_context="fork"),
+        dataset=Shards(LENGTH), batch_size=2, num_workers=2, multiprocessing_context="fork"),
     "one-process": lambda: dict(
         dataset=Items(), batch_size=4,
         sampler=RandomSampler(range(LENGTH), generator=torch.Generator().manual_seed(2))),

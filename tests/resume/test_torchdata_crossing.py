@@ -13,18 +13,18 @@ the next epoch is checked to hold each sample once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 import mploader
 from mploader.compat import torchdata_keys
 
 from .scenarios import through_checkpoint
-from .torchdata_side import IGNORE_TORCHDATA_WARNINGS, StatefulDataLoader
+from .torchdata_side import IGNORE_TORCHDATA_WARNINGS, Shards, StatefulDataLoader
 
 pytestmark = [pytest.mark.timeout(120), *IGNORE_TORCHDATA_WARNINGS]
 LENGTH, BATCH_SIZE, STOP_AFTER = 22, 3, 3
@@ -40,31 +40,6 @@ class Noisy(Dataset[dict[str, Any]]):
         return {"index": index, "noise": torch.rand(())}
 
 
-class Shards(IterableDataset[int]):
-    """Each worker yields its shard; ``state_dict`` is the position within it (a shard that
-    was read to its end starts over)."""
-
-    def __init__(self) -> None:
-        self.position = 0
-        self.start = 0
-
-    def __iter__(self) -> Iterator[int]:
-        info = torch.utils.data.get_worker_info()
-        shard = range(info.id, LENGTH, info.num_workers) if info else range(LENGTH)
-        start, self.start = self.start, 0
-        if start >= len(shard):
-            start = 0
-        for position in range(start, len(shard)):
-            self.position = position + 1
-            yield shard[position]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["position"]
-
-
 def indices(batch: Any) -> list[int]:
     return (batch["index"] if isinstance(batch, dict) else batch).tolist()
 
@@ -76,7 +51,7 @@ CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     "map-sequential": lambda workers: dict(
         dataset=Noisy(), batch_size=BATCH_SIZE, num_workers=workers),
     "iterable-with-state": lambda workers: dict(
-        dataset=Shards(), batch_size=2, num_workers=workers),
+        dataset=Shards(LENGTH), batch_size=2, num_workers=workers),
 }
 LOADERS = {"torchdata": StatefulDataLoader, "mploader": mploader.DataLoader}
 
