@@ -45,7 +45,7 @@ from mploader.iterator.base import BaseIterator, pin_batch
 from mploader.iterator.datapipes import is_datapipe, sharding_worker_init_fn
 from mploader.iterator.latest import LatestStats
 from mploader.iterator.settings import LoaderSettings
-from mploader.iterator.task_table import TaskEntry
+from mploader.iterator.task_table import TaskEntry, TaskTable
 from mploader.monitor.events import WorkerEvent, WorkerState
 from mploader.monitor.monitor import IteratorMonitor, WorkerView
 from mploader.monitor.stats import LoaderStats
@@ -112,12 +112,16 @@ class MultiProcessIterator(BaseIterator):
         self._followed_as = latest.follow(self) if latest is not None else 1
         # Collected, it is shut down by the finalizer thread, never where the collector ran (a
         # thread holding a lock the shutdown takes): mploader.finalizers.
+        # With state tracking: the starts the workers sent that this iterator did not read
+        # (dropped right after iter()) are the tracker's too, once the shutdown read them.
+        starts = None
+        if self._tracker is not None:
+            starts = StartsAtShutdown(self._tracker, self._table)
+            self._tracker.follow_starts(self._await_starts, starts.settled)
         self._finalizer = finalizers.finalize(
             self, _shutdown_iterator, self._group, self._channel, self._pinning, self._urgency,
-            self._monitor, settings.latest_stats, self._followed_as,
+            self._monitor, settings.latest_stats, self._followed_as, starts,
         )
-        if self._tracker is not None:  # state_dict() before a worker said where it starts
-            self._tracker.follow_starts(self._await_starts)
         self._reset(loader, first_iter=True)  # the first tasks wait in the pipes...
         publisher.start_thread()  # while the cores are free: not among the starting workers
         launched_at = time.monotonic()
@@ -591,6 +595,27 @@ def _resolve_context(context: Any) -> Any:
     return multiprocessing.get_context() if context is None else context
 
 
+class StartsAtShutdown:
+    """Where each worker said it starts, as read by the iterator's shutdown: an iterator dropped
+    right after ``iter()`` never read its workers' ``WorkerReady``; its shutdown reads them, and
+    a ``state_dict()`` taken meanwhile waits for that (``settled``), so the state holds every
+    worker's start as torchdata's does (its loader keeps the iterator; torch's, and so
+    mploader's, shuts a dropped one down)."""
+
+    def __init__(self, tracker: Any, table: TaskTable) -> None:
+        self.tracker = tracker
+        self.table = table
+        self.settled = threading.Event()
+
+    def read(self, drained: list[Event]) -> None:
+        try:
+            for event in drained:
+                if isinstance(event.message, WorkerReady):
+                    self.tracker.worker_started(event.worker_id, event.message.state, self.table)
+        finally:
+            self.settled.set()
+
+
 def _shutdown_iterator(
     group: WorkerGroup,
     channel: MainEnd,
@@ -599,6 +624,7 @@ def _shutdown_iterator(
     monitor: IteratorMonitor,
     latest: LatestStats | None,
     followed_as: int,
+    starts: StartsAtShutdown | None,
 ) -> None:
     if os.getpid() != group.owner_pid:
         return  # a forked child collecting its copy of the iterator: the workers are not its own
@@ -610,6 +636,8 @@ def _shutdown_iterator(
         for event in drained:
             if isinstance(event.message, TaskDone) and event.payload is not None:
                 channel.discard(event.worker_id, event.payload)
+        if starts is not None:
+            starts.read(drained)
         # Workers the shutdown had to terminate or kill (stuck in an item) left what a graceful
         # exit releases (their sessions on a database): the hooks release it now.
         for handle in group.unclean_exits:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -58,6 +59,9 @@ from mploader.worker.resume import (
     iterable_snapshot,
 )
 
+# How long a state_dict() waits for a dropped iterator's shutdown to read its workers' starts:
+# the shutdown's own bound (a graceful stop, then terminate) and a second.
+STARTS_AT_SHUTDOWN_SECONDS = 7.0
 SamplerState = tuple[Any, Any]  # (the index sampler's own state, its iterator's), torchdata's
 NO_SAMPLER_STATE: SamplerState = (None, None)
 
@@ -132,6 +136,7 @@ class ResumeTracker:
         # and how to wait for the ones that did not yet (the iterator's, weakly held).
         self.started = [True] * self.slots
         self.starts_waiter: weakref.WeakMethod[Callable[[], None]] | None = None
+        self.starts_settled: threading.Event | None = None  # the iterator's shutdown read them
         self.snapshot: Snapshot | None = None  # the last one kept (interval != 1)
         self.epoch_tasks: int | None = None  # tasks in a map-style epoch, when the sampler says
         self.local_fetcher: IterableFetcher | None = None  # num_workers=0: the live fetcher
@@ -143,7 +148,7 @@ class ResumeTracker:
         not yet used."""
         state = dict(self.__dict__)
         state.update(table=None, local_fetcher=None, _window_plan=None, _window_start=None,
-                     starts_waiter=None, sampler_iter=None)
+                     starts_waiter=None, starts_settled=None, sampler_iter=None)
         return state
 
     def configure(self, loader: Any) -> None:
@@ -168,9 +173,7 @@ class ResumeTracker:
         if self._pending_state is not None:
             return copy.deepcopy(self._pending_state)
         if self.table is not None and not self.finished and not self.all_started():
-            waiter = self.starts_waiter() if self.starts_waiter is not None else None
-            if waiter is not None:
-                waiter()
+            self._await_starts()
         if self.table is None or self.finished:
             plan = self._between_epochs()
         else:
@@ -373,18 +376,32 @@ class ResumeTracker:
                           else None)
         return copy.deepcopy((index_state, iterator_state))
 
-    def follow_starts(self, waiter: Callable[[], None]) -> None:
-        """The new iterator's way to wait until every worker said where it starts."""
+    def follow_starts(self, waiter: Callable[[], None], settled: threading.Event) -> None:
+        """The new iterator's way to wait until every worker said where it starts, and the event
+        its shutdown sets once it read what they said (an iterator dropped right after
+        ``iter()``)."""
         self.starts_waiter = weakref.WeakMethod(waiter)  # type: ignore[arg-type]
+        self.starts_settled = settled
+
+    def _await_starts(self) -> None:
+        waiter = self.starts_waiter() if self.starts_waiter is not None else None
+        if waiter is not None:
+            waiter()
+        elif self.starts_settled is not None:  # dropped: its shutdown reads the starts
+            self.starts_settled.wait(STARTS_AT_SHUTDOWN_SECONDS)
 
     def all_started(self) -> bool:
         return all(self.started)
 
-    def worker_started(self, worker_id: int, state: WorkerSnapshot | None) -> None:
+    def worker_started(self, worker_id: int, state: WorkerSnapshot | None,
+                       table: TaskTable | None = None) -> None:
         """Worker ``worker_id`` started with ``state`` (its generators, its dataset's state and
         an iterable's fresh iterator): its position until one of its batches is delivered, as
         torchdata's workers report theirs at start.  A replacement for a crashed worker starts
-        from the dead one's last result instead (``restart_restore``)."""
+        from the dead one's last result instead (``restart_restore``).  ``table``: read by the
+        shutdown of the iterator that records it (ignored if the loader follows another)."""
+        if table is not None and table is not self.table:
+            return
         if self.started[worker_id]:
             return
         self.started[worker_id] = True

@@ -119,6 +119,18 @@ def test_mploader_s_state_has_torchdata_s_keys_and_the_workers_starts() -> None:
     del iterator, loader
 
 
+def test_an_iterator_dropped_at_once_leaves_its_workers_starts_in_the_state() -> None:
+    """torchdata's loader keeps its iterator; mploader's, as torch's, shuts a dropped one down.
+    Its shutdown reads what the workers said at start, and ``state_dict()`` waits for that."""
+    loader = make("mploader", "iterable-with-state", 2)
+    iter(loader)  # dropped: its workers are being stopped
+    workers = loader.state_dict()[torchdata_keys.SNAPSHOT][torchdata_keys.WORKER_SNAPSHOTS]
+    assert [entry[torchdata_keys.DATASET_STATE] for entry in workers.values()] == [
+        {"position": 0}, {"position": 0}]
+    assert continuation("mploader", "iterable-with-state", 2, loader.state_dict()) == [
+        indices(batch) for batch in make("mploader", "iterable-with-state", 2)]
+
+
 def test_torchdata_s_keys_are_the_installed_torchdata_s() -> None:
     from torchdata.stateful_dataloader import incremental_state
     from torchdata.stateful_dataloader import stateful_dataloader as module
