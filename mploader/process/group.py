@@ -73,11 +73,10 @@ class WorkerHandle:
     state: WorkerState = WorkerState.STARTING
     pid: int | None = None
     reader_open: bool = True
-    # It will do nothing more: the process is gone and has been reaped, or it said goodbye and
-    # the reaper waits for the rest of its exit (``said_goodbye``).
-    ended: bool = False
+    # What was said, which the state does not keep once the worker ended: it was asked to stop
+    # (it is sent nothing more), and it said goodbye (the reaper waits for the rest of its exit).
+    stop_sent: bool = False
     said_goodbye: bool = False
-    stop_sent: bool = False  # asked to stop: it is sent nothing more
     # Whether the result pipe has more to read (every result asks twice: mploader.polling).
     readable: Poller = dataclasses.field(init=False)
 
@@ -88,9 +87,18 @@ class WorkerHandle:
         return self.reader_open and bool(self.readable.ready(0))
 
     @property
+    def ended(self) -> bool:
+        """It will do nothing more: the process is gone and has been reaped, it said goodbye,
+        or it never started."""
+        return self.state in _ENDED
+
+    @property
     def exited_cleanly(self) -> bool:
         """It said goodbye (everything it held is closed), or it exited with status 0."""
         return self.said_goodbye or self.process.exitcode == 0
+
+
+_ENDED = frozenset({WorkerState.EXITED, WorkerState.CRASHED})
 
 
 @dataclass
@@ -385,7 +393,7 @@ class WorkerGroup:
 
     def _note_state(self, handle: WorkerHandle, message: Any) -> None:
         """A worker's lifecycle follows from what it said: it is ready."""
-        if isinstance(message, WorkerReady) and not handle.stop_sent:
+        if isinstance(message, WorkerReady) and handle.state == WorkerState.STARTING:
             handle.state = WorkerState.IDLE
 
     def _close_reader(self, handle: WorkerHandle) -> None:
@@ -409,7 +417,6 @@ class WorkerGroup:
     def _note_ended(self, handle: WorkerHandle, state: WorkerState) -> None:
         """The worker has ended for the loader: its sentinel and task pipe are no longer watched
         (its results' pipe stays open while it may still hold what the worker sent last)."""
-        handle.ended = True
         handle.state = state
         self.waiter.unwatch(handle.sentinel)
         self._by_fd.pop(handle.sentinel, None)
@@ -438,7 +445,7 @@ class WorkerGroup:
         try:
             for handle in self.handles:
                 if handle.pid is None:  # prepared, never started (a start failed or never came)
-                    handle.ended = True
+                    handle.state = WorkerState.EXITED
             running = [handle for handle in self.handles if not handle.ended]
             for handle in self.handles:
                 if not handle.ended:
@@ -487,8 +494,9 @@ class WorkerGroup:
                 end.close()
         self._prepared = []
         for handle in self.handles:
-            if not handle.ended:
-                handle.ended = handle.process.exitcode is not None
+            exitcode = handle.process.exitcode
+            if not handle.ended and exitcode is not None:  # terminated or killed just now
+                handle.state = WorkerState.EXITED if exitcode == 0 else WorkerState.CRASHED
             self._close_reader(handle)
             inherited_fds.remove_main_side_fds(handle.writer.fd)
             handle.writer.close()
