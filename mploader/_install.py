@@ -123,8 +123,8 @@ def _warn_if_not_taken_over(cls: type) -> None:
     if resolved in (_mploader_get_iterator, torch_compat.iterator_factory(MploaderDataLoader)):
         return  # torch's method (swapped) or mploader's own loader
     owner = next(klass for klass in cls.__mro__ if factory in vars(klass))
-    if _calls_super_get_iterator(vars(owner)[factory]):
-        return  # PyG's NodeLoader/LinkLoader: wraps the iterator super() gives, i.e. ours
+    if _gets_installed_iterator(vars(owner)[factory]):
+        return  # PyG's NodeLoader/LinkLoader (and mploader's own PyG loader): ours, wrapped
     if cls in _warned_classes:
         return
     _warned_classes.add(cls)
@@ -139,8 +139,12 @@ def _warn_if_not_taken_over(cls: type) -> None:
     )
 
 
-def _calls_super_get_iterator(method: Any) -> bool:
-    """Whether an override's body is ``... super()._get_iterator() ...`` (it gets our iterator)."""
+def _gets_installed_iterator(method: Any) -> bool:
+    """Whether an override gets the iterator ``install()`` swapped in: its body is ``...
+    super()._get_iterator() ...``, or it is mploader's own (which asks torch's ``DataLoader``
+    for it through ``mploader.compat``)."""
+    if getattr(method, "__module__", "").startswith("mploader."):
+        return True
     code = getattr(method, "__code__", None)
     return code is not None and {"super", torch_compat.ITERATOR_FACTORY} <= set(code.co_names)
 

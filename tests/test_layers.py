@@ -255,6 +255,10 @@ def private_uses(path: Path) -> list[str]:
                              and node.attr.startswith("_"))
             if torch_private or node.attr in PRIVATE_ATTRIBUTES:
                 found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ClassDef):
+            found += [f"line {item.lineno}: def {item.name}" for item in node.body  # an override
+                      if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                      and item.name in _private_methods_of_torch_and_cpython()]
         elif isinstance(node, ast.Constant) and node.value in PRIVATE_ATTRIBUTES:
             found.append(f"line {node.lineno}: {node.value!r}")  # getattr(x, "_popen")
         elif _reaches_by_name(node):
@@ -276,6 +280,20 @@ def _private_names_of_torch_and_cpython() -> frozenset[str]:
     loader = torch.utils.data.DataLoader(range(1))
     owners = (torch, torch.utils.data.DataLoader, loader, multiprocessing.process.BaseProcess)
     names = {name for owner in owners for name in dir(owner)} | set(vars(loader))
+    return frozenset(name for name in names if name.startswith("_")
+                     and not name.startswith("__"))
+
+
+@functools.cache
+def _private_methods_of_torch_and_cpython() -> frozenset[str]:
+    """The private names of torch's ``DataLoader`` and multiprocessing's process objects: a
+    method of that name overrides theirs (``def _get_iterator``)."""
+    import multiprocessing.process
+
+    import torch.utils.data
+
+    names = {name for owner in (torch.utils.data.DataLoader, multiprocessing.process.BaseProcess)
+             for name in dir(owner)}
     return frozenset(name for name in names if name.startswith("_")
                      and not name.startswith("__"))
 

@@ -59,7 +59,10 @@ class _BatchInFetchThread(torch.utils.data.DataLoader):  # type: ignore[type-arg
         kwargs["collate_fn"] = _the_batch  # instead of NodeLoader's, which __getitems__ runs
         super().__init__(_SampledBatches(self, len(dataset)), *args, **kwargs)
 
-    def _get_iterator(self) -> Any:
+    def _checked_iterator(self) -> Any:
+        """The iterator torch's ``__iter__`` asks for (through torch's factory method, whose
+        name is ``mploader.compat``'s): torch's ``DataLoader``'s, which ``install()`` makes
+        mploader's, refused when this loader needs mploader's and does not get it."""
         get_iterator = torch_compat.iterator_factory(torch.utils.data.DataLoader)
         if self.num_workers > 0 and not getattr(get_iterator, "__module__", "").startswith(
             "mploader"
@@ -68,7 +71,10 @@ class _BatchInFetchThread(torch.utils.data.DataLoader):  # type: ignore[type-arg
                 "NebulaNodeLoader(worker_threads=..., worker_hooks=...) needs mploader's "
                 "iterator: call mploader.install() before iterating"
             )
-        return super()._get_iterator()
+        return get_iterator(self)
+
+
+torch_compat.set_iterator_factory(_BatchInFetchThread, _BatchInFetchThread._checked_iterator)
 
 
 class NebulaNodeLoader(NodeLoader, _BatchInFetchThread):
