@@ -12,6 +12,8 @@ what mploader relies on, mploader falls back to documented behaviour.
   tensor reductions) and the pin-memory rules that changed in 2.7 and 2.9.
 * :mod:`mploader.compat.torch_generator`: reading the default CPU generator's engine in place
   (a layout of torch's C++ objects), with an explicit fallback to ``get_state()``.
+* :mod:`mploader.compat.mersenne`: the Mersenne Twister's state length, which torch's CPU
+  generator and Python's ``random.Random`` share.
 * :mod:`mploader.compat.torch_sampler`: how torch's ``RandomSampler`` draws its permutation,
   so a shuffle's position is named as torchdata's own sampler names it.
 * :mod:`mploader.compat.torchdata_keys`: the keys of torchdata's ``StatefulDataLoader`` states,

@@ -4,8 +4,11 @@ all three (3.11.7, 3.12.1, 3.13.0).  Each item names the versions it serves.
 * multiprocessing's "spawning Popen" slot (``multiprocessing.context.set_spawning_popen``, 3.4
   and later, unchanged in 3.13): while it is set, objects that may only travel to a child being
   started (a ``Lock``, ``Queue``, ``Value``...) pickle for that child, handing their file
-  descriptors to it.  The zygote sets it while it pickles a worker's spec
-  (``mploader.process.zygote``).
+  descriptors to it.  What the reductions ask of that ``Popen`` (3.11 to 3.13): a
+  ``duplicate_for_child(fd)`` that returns the number the child will know the descriptor by,
+  and a ``DupFd`` class built from that number, whose ``detach()`` in the child gives the
+  descriptor.  The zygote stands in for it while it pickles a worker's spec
+  (:func:`pickling_for_child`, ``mploader.process.zygote``).
 * ``BaseProcess._bootstrap()`` (3.8 and later: one optional ``parent_sentinel`` argument): runs a
   ``Process`` object's target in the current process, with multiprocessing's own start-up and
   exit handling, as a forked child does.  The zygote's forked workers run through it
@@ -14,8 +17,9 @@ all three (3.11.7, 3.12.1, 3.13.0).  Each item names the versions it serves.
   moved that out to its callers (``popen_fork``, ``forkserver``), which make it the forked
   child's only ``atexit`` handler and run the ``atexit`` handlers before ``os._exit``: one
   branch each.
-* ``BaseProcess._popen``: the ``Popen`` of a started process, whose ``poll`` mploader serializes
-  (``mploader.process.group.serialize_exit_polls``); 3.11 to 3.13.
+* ``BaseProcess._popen``: the ``Popen`` of a started process, and its ``poll(flag)`` (a
+  ``waitpid`` with ``flag``, then the status recorded) and ``sentinel``; 3.11 to 3.13.
+  :func:`serialize_exit_polls` makes the polls of a fork ``Popen`` one thread at a time.
 * ``multiprocessing.reduction.DupFd`` (3.4 and later, unchanged in 3.13): a descriptor pickled
   for the child being started, through the spawning ``Popen``; shared-memory blocks handed to a
   new worker travel so (``mploader.channel.shm.handover``).
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import multiprocessing.connection
 import multiprocessing.context
 import multiprocessing.reduction
 import multiprocessing.util
@@ -47,16 +52,36 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_MT_WORDS = 624
+from mploader.compat.mersenne import MT_WORDS
 
 
-def set_spawning_popen(popen: Any) -> None:
-    """Pickle for a child being started by ``popen`` (``None``: for no child)."""
+class _SpawningPopen:
+    """What multiprocessing's reductions ask of the Popen of a child being started."""
+
+    def __init__(self, duplicate: Callable[[int], int], fd_in_child: type) -> None:
+        self._duplicate = duplicate
+        self.DupFd = fd_in_child
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return self._duplicate(fd)
+
+
+@contextmanager
+def pickling_for_child(duplicate: Callable[[int], int], fd_in_child: type) -> Iterator[None]:
+    """Within it, what pickles for a child being started hands its descriptors over through
+    ``duplicate(fd)`` (the number the child will know it by), and a descriptor pickled with
+    :func:`descriptor_for_child` is ``fd_in_child(number)`` there (its ``detach()`` gives it)."""
+    popen: Any = _SpawningPopen(duplicate, fd_in_child)
     multiprocessing.context.set_spawning_popen(popen)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        multiprocessing.context.set_spawning_popen(None)  # type: ignore[attr-defined]
 
 
 def run_process_here(process: Any) -> int:
@@ -80,10 +105,45 @@ def popen_of(process: Any) -> Any:
     return getattr(process, "_popen", None)
 
 
+def serialize_exit_polls(process: Any, status_wait_seconds: float) -> None:
+    """Make the exit-status polls of ``process`` (started by multiprocessing's fork ``Popen``)
+    one thread at a time.
+
+    Its ``Popen.poll`` reaps the child with ``waitpid`` and only then records its status.  Two
+    threads polling at once (a shutdown on the finalizer thread, and the user's thread joining
+    the ``_workers`` that torch's API hands out) race: the loser's ``waitpid`` finds the child
+    reaped (``ECHILD``), which ``poll`` reads as "still running", so ``join()`` returns and
+    ``is_alive()`` says True for a process that is gone.  A blocking poll waits for the
+    ``sentinel`` outside the lock (a thread joining without a timeout must not hold up the
+    shutdown that lets the process end), then for the status, ``status_wait_seconds`` at a
+    time."""
+    popen = popen_of(process)
+    if popen is None:
+        return
+    unserialized = type(popen).poll
+    # Weakly: a closure on the Popen stored on the Popen would be a reference cycle that keeps
+    # its sentinel pipe open until the cyclic collector runs.
+    popen_ref = weakref.ref(popen)
+    poll_lock = threading.Lock()  # never held by a finalizer: pollers are threads, not the GC
+
+    def poll(flag: int = os.WNOHANG) -> int | None:
+        while True:
+            with poll_lock:
+                code = unserialized(popen_ref(), os.WNOHANG)
+            if code is not None or flag == os.WNOHANG:
+                return code
+            current = popen_ref()
+            if current is not None:
+                multiprocessing.connection.wait([current.sentinel])  # it ends
+            time.sleep(status_wait_seconds)  # its status follows (an fd closed early: no spin)
+
+    popen.poll = poll
+
+
 def random_words_reader(generator: random.Random, watched_words: int) -> Callable[[], Any] | None:
     """A reader of ``generator``'s position and first ``watched_words`` state words, in place,
     with its cached ``gauss_next``; ``None`` where the struct is not the expected one."""
-    if type(generator).__basicsize__ < object.__basicsize__ + 4 + _MT_WORDS * 4:
+    if type(generator).__basicsize__ < object.__basicsize__ + 4 + MT_WORDS * 4:
         return None
     address = id(generator) + object.__basicsize__  # RandomObject: PyObject_HEAD, index, state
     words = (ctypes.c_char * (4 + watched_words * 4)).from_address(address)

@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
+from mploader.compat.mersenne import MT_WORDS  # read here by mploader.worker.rng
+
 _default_generator = torch.default_generator
-# The Mersenne Twister's state words (MT19937: torch's CPU generator, CPython's random, numpy's
-# legacy RandomState): the one definition mploader reads them by.
-MT_WORDS = 624
 
 STATE_BYTES = _default_generator.get_state().numel()
 _StateArray = ctypes.c_char * STATE_BYTES  # the array type made once, not per call (measured)

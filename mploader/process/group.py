@@ -15,7 +15,6 @@ import pickle
 import threading
 import time
 import warnings
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -26,7 +25,7 @@ from mploader.channel.forking import forking_a_worker
 from mploader.compat import cpython
 from mploader.compat import torch as torch_compat
 from mploader.monitor.events import WorkerState
-from mploader.polling import Poller, readable
+from mploader.polling import Poller
 from mploader.process import inherited_fds, reaper, sigchld, zygote
 from mploader.process.pipes import TaskWriter, Waiter, make_pipe
 from mploader.worker.loop import worker_main
@@ -511,33 +510,7 @@ class WorkerGroup:
 
 
 def serialize_exit_polls(process: Any) -> None:
-    """Make ``process``'s exit-status polls one thread at a time.
-
-    multiprocessing's fork ``Popen.poll`` reaps the child with ``waitpid`` and only then records
-    its status.  Two threads polling at once (a shutdown on the finalizer thread, and the user's
-    thread joining the ``_workers`` that torch's API hands out) race: the loser's ``waitpid``
-    finds the child reaped (``ECHILD``), which ``poll`` reads as "still running", so ``join()``
-    returns and ``is_alive()`` says True for a worker that is gone.  (The zygote's processes
-    keep their own exit codes, under the zygote's lock.)
-    """
-    popen = cpython.popen_of(process)
-    if popen is None or isinstance(process, zygote.ZygoteProcess):
-        return
-    unserialized = type(popen).poll
-    # Weakly: a closure on the Popen stored on the Popen would be a reference cycle that keeps
-    # its sentinel pipe open until the cyclic collector runs.
-    popen_ref = weakref.ref(popen)
-    poll_lock = threading.Lock()  # never held by a finalizer: pollers are threads, not the GC
-
-    def poll(flag: int = os.WNOHANG) -> int | None:
-        """``Popen.poll``, its ``waitpid`` never blocking under the lock (a thread joining
-        without a timeout must not hold up the shutdown that lets the worker end)."""
-        while True:
-            with poll_lock:
-                code = unserialized(popen_ref(), os.WNOHANG)
-            if code is not None or flag == os.WNOHANG:
-                return code
-            readable([popen_ref().sentinel], None)  # type: ignore[union-attr]  # it ends
-            time.sleep(reaper.EXIT_POLL_SECONDS)  # its status follows (an fd closed early: no spin)
-
-    popen.poll = poll
+    """Make ``process``'s exit-status polls one thread at a time (``mploader.compat.cpython``
+    says why).  The zygote's processes keep their own exit codes, under the zygote's lock."""
+    if not isinstance(process, zygote.ZygoteProcess):
+        cpython.serialize_exit_polls(process, reaper.EXIT_POLL_SECONDS)

@@ -446,45 +446,34 @@ class _HandedFd:
         return _received_fds[self.index]
 
 
-class _SpawningThroughZygote:
-    """Stands in for multiprocessing's "spawning Popen" while a worker's spec is pickled for
-    the zygote, as ``Popen`` does for a spawned child: objects that may only travel to a child
-    being started (a ``Lock``, ``Semaphore``, ``Event``, ``Value``, ``Array`` or ``Queue`` in a
-    dataset) pickle as they do for spawn, and the file descriptors they hand over travel with
-    the request, after the worker's own pipes.  (torch's workers get them from ``Popen``.)
-
-    The request sends duplicates it owns, not the numbers it was handed: a storage that a
-    ``__reduce__`` made for the pickle is freed, its fd closed, before the request is sent."""
-
-    def __init__(self, first: int) -> None:
-        self.first = first  # the request's own fds come first
-        self.fds: list[int] = []
-
-    def duplicate_for_child(self, fd: int) -> int:
-        self.fds.append(os.dup(fd))
-        return self.first + len(self.fds) - 1
-
-    DupFd = _HandedFd  # how multiprocessing's reductions name an fd for the child
-
-
 _received_fds: list[int] = []  # in a worker forked by the zygote: the fds of its request
 MAX_HANDED_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors in one message
 
 
 def pickle_for_worker(message: Any, own_fds: int) -> tuple[bytes, list[int]]:
-    """``message`` pickled as for a spawned child, and the extra fds it hands over."""
-    popen = _SpawningThroughZygote(own_fds)
-    cpython.set_spawning_popen(popen)  # it has what the reductions use
+    """``message`` pickled as for a spawned child, and the extra fds it hands over.
+
+    Objects that may only travel to a child being started (a ``Lock``, ``Semaphore``,
+    ``Event``, ``Value``, ``Array`` or ``Queue`` in a dataset) pickle as they do for spawn, and
+    the file descriptors they hand over travel with the request, after the worker's own pipes.
+    (torch's workers get them from ``Popen``.)  The request sends duplicates it owns, not the
+    numbers it was handed: a storage that a ``__reduce__`` made for the pickle is freed, its fd
+    closed, before the request is sent."""
+    handed: list[int] = []
+
+    def duplicate(fd: int) -> int:
+        handed.append(os.dup(fd))
+        return own_fds + len(handed) - 1  # the request's own fds come first
+
     try:
-        payload = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
-        _check_handed_fds(own_fds, len(popen.fds))
+        with cpython.pickling_for_child(duplicate, _HandedFd):
+            payload = bytes(ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL))
+        _check_handed_fds(own_fds, len(handed))
     except BaseException:
-        for fd in popen.fds:
+        for fd in handed:
             os.close(fd)
         raise
-    finally:
-        cpython.set_spawning_popen(None)
-    return payload, popen.fds
+    return payload, handed
 
 
 def _check_handed_fds(own_fds: int, handed: int) -> None:
