@@ -8,7 +8,9 @@ runs them, with the parity, lifecycle, resume and shared-memory suites, on anoth
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
+import re
 import warnings
 from typing import Any
 
@@ -97,7 +99,15 @@ def test_pin_memory_rules_are_the_installed_torch_s(pin: bool, device: str) -> N
     assert (decided, [str(warning.message) for warning in caught]) == expected
 
 
-def test_the_version_is_read() -> None:
-    assert torch_compat.TORCH_VERSION >= torch_compat.OLDEST_SUPPORTED
+def test_the_version_is_the_installed_torch_s_and_the_oldest_is_the_package_s() -> None:
+    """``TORCH_VERSION`` is what the installed distribution says (not just any version past
+    the oldest), and ``OLDEST_SUPPORTED`` is the torch requirement pip enforces."""
+    release = importlib.metadata.version("torch").split("+")[0]
+    assert torch_compat.TORCH_VERSION == tuple(int(part) for part in release.split(".")[:2])
+    requirements = importlib.metadata.requires("mploader") or []
+    (torch_requirement,) = [r for r in requirements if re.match(r"torch\s*[<>=!~]", r)]
+    oldest = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)", torch_requirement.split(";")[0].strip())
+    assert oldest is not None, torch_requirement
+    assert (int(oldest[1]), int(oldest[2])) == torch_compat.OLDEST_SUPPORTED
     assert torch_compat._minor_version("2.15.0a0+git1234") == (2, 15)
     assert torch_compat._minor_version("2.6.0+cu124") == (2, 6)
