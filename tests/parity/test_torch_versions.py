@@ -103,7 +103,7 @@ def test_the_version_is_the_installed_torch_s_and_the_oldest_is_the_package_s() 
     """``TORCH_VERSION`` is what the installed distribution says (not just any version past
     the oldest), and ``OLDEST_SUPPORTED`` is the torch requirement pip enforces."""
     release = importlib.metadata.version("torch").split("+")[0]
-    assert torch_compat.TORCH_VERSION == tuple(int(part) for part in release.split(".")[:2])
+    assert tuple(int(part) for part in release.split(".")[:2]) == torch_compat.TORCH_VERSION
     requirements = importlib.metadata.requires("mploader") or []
     (torch_requirement,) = [r for r in requirements if re.match(r"torch\s*[<>=!~]", r)]
     oldest = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)", torch_requirement.split(";")[0].strip())
