@@ -59,6 +59,9 @@ from mploader.worker.resume import (
     iterable_snapshot,
 )
 
+_NO_SAMPLER_STATE_METHODS = (
+    "load_state_dict: the state holds the sampler's own state, but this loader's {} has no "
+    "load_state_dict(); build the loader with the sampler that made the state")
 # How long a state_dict() waits for a dropped iterator's shutdown to read its workers' starts:
 # the shutdown's own bound (a graceful stop, then terminate) and a second.
 STARTS_AT_SHUTDOWN_SECONDS = 7.0
@@ -185,6 +188,8 @@ class ResumeTracker:
         plan = resume_format.plan_of(state, self.arguments, self.is_iterable)
         if plan.generators is not None:
             self._check_generators(plan.generators)
+        if plan.index_sampler_state is not None and not self.index_sampler_has_state:
+            raise ValueError(_NO_SAMPLER_STATE_METHODS.format(type(self.index_sampler).__name__))
         self._pending_state = copy.deepcopy(state)
         self._pending = plan
         self.table = None  # a live iterator's position is no longer the loader's
@@ -329,12 +334,7 @@ class ResumeTracker:
             return sampler_iter
         index_state, iterator_state = plan.index_sampler_state, plan.sampler_iter_state
         if index_state is not None:
-            if not self.index_sampler_has_state:
-                raise ValueError(
-                    "load_state_dict: the state holds the sampler's own state, but this "
-                    f"loader's {type(self.index_sampler).__name__} has no load_state_dict(); "
-                    "build the loader with the sampler that made the state")
-            self.index_sampler.load_state_dict(index_state)
+            self.index_sampler.load_state_dict(index_state)  # it has one: load_state_dict
             sampler_iter = self.sampler_iterator()
         if iterator_state is not None:
             if not has_state_methods(sampler_iter):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -116,3 +117,15 @@ def test_the_state_after_loading_is_the_loaded_one(state: dict[str, Any]) -> Non
 
 def test_the_torch_loader_api_is_unchanged() -> None:
     assert isinstance(shuffled(), mploader.DataLoader)
+
+
+def test_a_sampler_state_for_a_sampler_without_one_is_refused_where_it_is_given(
+        state: dict[str, Any]) -> None:
+    """A state whose index sampler had its own state (a batch sampler with ``state_dict``),
+    given to a loader whose batch sampler has none: refused by ``load_state_dict``, naming it,
+    not at the next ``iter()``."""
+    edited = copy.deepcopy(state)
+    edited["_snapshot"]["_main_snapshot"]["_index_sampler_state"] = {"position": 2}
+    with pytest.raises(ValueError, match=r"the state holds the sampler's own state, but this "
+                                         r"loader's BatchSampler has no load_state_dict\(\)"):
+        shuffled().load_state_dict(edited)
