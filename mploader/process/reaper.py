@@ -1,4 +1,5 @@
-"""Workers that said goodbye, waited for off the loader's path.
+"""Workers that said goodbye (and killed ones the kernel is slow to tear down), waited for off
+the loader's path.
 
 A worker asked to stop says goodbye (``mploader.worker.messages.Goodbye``) once everything the
 main process waits for is done: its fetch threads and reply thread joined, its hooks' sessions
@@ -14,6 +15,10 @@ A worker still not gone ``EXIT_DEADLINE_SECONDS`` after its goodbye is stuck in 
 of its own (a ``multiprocessing`` finalizer, an ``atexit`` function): it is terminated, then
 killed, as a worker that does not stop at a shutdown is.  The deadline is long because a worker
 at the lowest priority on a saturated machine gets a small share of a CPU for its teardown.
+
+A worker killed at a shutdown that has not ended ``TERMINATE_GRACE_SECONDS`` after its SIGKILL
+(a loaded machine, a large address space) is waited for here too: its status is collected once
+it ends, so that its process object, and the pipes of its ``Popen``, go.
 
 One short-lived daemon thread per worker; :func:`wait_for_all` waits for them (tests, and anyone
 who must know every worker is gone).  At interpreter exit, ``multiprocessing`` joins its own
@@ -49,7 +54,8 @@ _threads: set[threading.Thread] = set()
 
 
 def adopt(process: Any, worker_id: int) -> None:
-    """Wait for ``process`` (a worker that said goodbye) to end, in the background."""
+    """Wait for ``process`` (a worker that said goodbye, or was killed and has not ended yet)
+    to end, in the background."""
     thread = threading.Thread(
         target=_wait_for_exit, args=(process, worker_id), daemon=True,
         name=f"mploader-reaper-{process.pid}",
@@ -91,7 +97,7 @@ def _wait_for_exit(process: Any, worker_id: int) -> None:
         process.terminate()
         if ended_within(process, TERMINATE_GRACE_SECONDS):
             return
-        kill_and_collect(process, worker_id)
+        kill_and_collect(process, worker_id, in_background=False)
     except Exception:  # a daemon thread: say what went wrong, never raise into nowhere
         _log.exception("waiting for worker %d (pid %s) to exit failed", worker_id, process.pid)
     finally:
@@ -110,13 +116,23 @@ def _forget_parent_state() -> None:
 os.register_at_fork(after_in_child=_forget_parent_state)
 
 
-def kill_and_collect(process: Any, worker_id: int) -> None:
+def kill_and_collect(process: Any, worker_id: int, *, in_background: bool = True) -> None:
     """SIGKILL ``process`` and collect its exit status, waiting ``TERMINATE_GRACE_SECONDS`` at
-    most (:func:`ended_within`, never ``join``'s blocking ``waitpid``)."""
+    most (:func:`ended_within`, never ``join``'s blocking ``waitpid``); past them, in the
+    background (``in_background``: a reaper thread's own last step does not start another)."""
     process.kill()
-    if not ended_within(process, TERMINATE_GRACE_SECONDS):
+    if ended_within(process, TERMINATE_GRACE_SECONDS):
+        return
+    if not in_background:
         _log.warning("worker %d (pid %s) outlived SIGKILL by %.1f s; no longer waiting for it",
                      worker_id, process.pid, TERMINATE_GRACE_SECONDS)
+        return
+    # The kernel has yet to tear it down (a loaded machine, a large address space): its status
+    # is collected in the background, so that the process object, and with it the pipes of its
+    # Popen, go once it has ended.
+    _log.warning("worker %d (pid %s) outlived SIGKILL by %.1f s; waiting for it in the "
+                 "background", worker_id, process.pid, TERMINATE_GRACE_SECONDS)
+    adopt(process, worker_id)
 
 
 def ended_within(process: Any, seconds: float) -> bool:
