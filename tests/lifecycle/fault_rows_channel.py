@@ -266,9 +266,11 @@ def _sliding_window_does_not_stall(start_method: str) -> None:
 
 
 def _keeping_every_batch_never_times_out(start_method: str) -> None:
-    """The consumer keeps every batch, with timeout=1: no 'DataLoader timed out' (a worker waiting
-    for memory the consumer holds is not a dead worker), and every kept batch stays intact."""
-    kept = list(_keeping_loader(start_method, 24, timeout=1))
+    """The consumer keeps every batch, with a timeout: no 'DataLoader timed out' (a worker
+    waiting for memory the consumer holds is not a dead worker: it would wait for good), and
+    every kept batch stays intact.  5 s, not 1: the timeout also bounds a worker's start through
+    the zygote, which took more than 1 s once with five test processes on two cores."""
+    kept = list(_keeping_loader(start_method, 24, timeout=5))
     assert [int(batch[0]) for batch in kept] == list(range(24))
     assert all(_intact(batch, index) for index, batch in enumerate(kept))
 
