@@ -410,15 +410,13 @@ def _torchdata_plan(state: dict[str, Any], num_workers: int, is_iterable: bool,
         plan.base_seed = state[SNAPSHOT][MAIN_SNAPSHOT][BASE_SEED]
     if not in_epoch:
         plan.at_epoch_start()
-    elif is_iterable and _keeps_no_state(entries):
-        # torchdata's naive fast-forward: the batches so far, made again and dropped
-        plan.replay += plan.batches_yielded
-        plan.batches_yielded = 0
-        if num_workers == 0:
-            plan.replay = 0
-            plan.main = (WorkerSnapshot(None, items=common["batches_yielded"]
-                                        * (batch_size or 1)), True)
-        else:
+    elif is_iterable and _keeps_no_state(entries):  # torchdata's naive fast-forward
+        if num_workers == 0:  # the one copy, drawn past the items its batches took
+            plan.main = (WorkerSnapshot(None, items=plan.batches_yielded * (batch_size or 1)),
+                         True)
+        else:  # the batches so far, made again by fresh workers and dropped (each counted)
+            plan.replay += plan.batches_yielded
+            plan.batches_yielded = 0
             plan.next_worker = 0
             plan.workers = [(None, False)] * num_workers
     return plan

@@ -13,12 +13,12 @@ the next epoch is checked to hold each sample once.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 import mploader
 from mploader.compat import torchdata_keys
@@ -129,6 +129,40 @@ def test_an_iterator_dropped_at_once_leaves_its_workers_starts_in_the_state() ->
         {"position": 0}, {"position": 0}]
     assert continuation("mploader", "iterable-with-state", 2, loader.state_dict()) == [
         indices(batch) for batch in make("mploader", "iterable-with-state", 2)]
+
+
+class Stateless(IterableDataset[int]):
+    """An iterable dataset without a state: a resume replays the batches so far."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        return iter(range(info.id, LENGTH, info.num_workers) if info else range(LENGTH))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateless_iterable_s_torchdata_state_counts_its_batches_on(workers: int) -> None:
+    """torchdata's state of a dataset that keeps no state: mploader replays to the same place
+    and counts the batches yielded from there on, as the uninterrupted run counts them."""
+    context = {"multiprocessing_context": "fork"} if workers else {}
+    source = StatefulDataLoader(Stateless(), batch_size=2, num_workers=workers, **context)
+    iterator = iter(source)
+    expected = [next(iterator).tolist() for _ in range(STOP_AFTER + 1)][-1]
+    del iterator
+    source = StatefulDataLoader(Stateless(), batch_size=2, num_workers=workers, **context)
+    iterator = iter(source)
+    for _ in range(STOP_AFTER):
+        next(iterator)
+    state = through_checkpoint(source.state_dict())
+    del iterator, source
+    loader = mploader.DataLoader(Stateless(), batch_size=2, num_workers=workers, **context)
+    loader.load_state_dict(state)
+    iterator = iter(loader)
+    assert next(iterator).tolist() == expected
+    resumed = loader.state_dict()
+    counted = (resumed[torchdata_keys.NUM_YIELDED] if workers == 0
+               else resumed[torchdata_keys.SNAPSHOT][torchdata_keys.SNAPSHOT_STEP])
+    assert counted == STOP_AFTER + 1
+    del iterator, loader
 
 
 def test_torchdata_s_keys_are_the_installed_torchdata_s() -> None:
