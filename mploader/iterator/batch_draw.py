@@ -31,7 +31,7 @@ from mploader.compat.torchdata_keys import (
     SHUFFLE_GENERATOR,
     SHUFFLE_YIELDED,
 )
-from mploader.worker.resume import draw_past, has_state_methods
+from mploader.worker.resume import draw_past, has_state_methods, load_own_state
 
 
 class BatchDraw:
@@ -110,12 +110,7 @@ class BatchDraw:
         drawn past the indices already yielded."""
         samples = state[SAMPLES_YIELDED]
         if SAMPLER_STATE in state:
-            if not has_state_methods(self.sampler):
-                raise ValueError(
-                    "load_state_dict: the state holds the sampler's own state, but this "
-                    f"loader's sampler ({type(self.sampler).__name__}) has no "
-                    "load_state_dict(); build the loader with the sampler that made the state")
-            self.sampler.load_state_dict(state[SAMPLER_STATE])
+            load_own_state(self.sampler, state[SAMPLER_STATE], "sampler")
         inner = state.get(INNER_ITER_STATE)
         if inner is not None and self.shuffle is not None and _is_shuffle_state(inner):
             self.permutation_source = inner[SHUFFLE_GENERATOR]
@@ -124,13 +119,7 @@ class BatchDraw:
         else:
             self._items = iter(self.sampler)
             if inner is not None:
-                if not has_state_methods(self._items):
-                    raise ValueError(
-                        "load_state_dict: the state holds the sampler iterator's own state, "
-                        f"but this loader's sampler ({type(self.sampler).__name__}) gives an "
-                        "iterator without load_state_dict(); build the loader with the sampler "
-                        "that made the state")
-                self._items.load_state_dict(inner)
+                load_own_state(self._items, inner, "sampler iterator")
             elif SAMPLER_STATE not in state:
                 draw_past(self._items, samples, lambda drawn: (
                     f"load_state_dict: the state resumes after {samples} indices, but this "

@@ -57,11 +57,10 @@ from mploader.worker.resume import (
     draw_past,
     has_state_methods,
     iterable_snapshot,
+    load_own_state,
+    without_own_state,
 )
 
-_NO_SAMPLER_STATE_METHODS = (
-    "load_state_dict: the state holds the sampler's own state, but this loader's {} has no "
-    "load_state_dict(); build the loader with the sampler that made the state")
 # How long a state_dict() waits for a dropped iterator's shutdown to read its workers' starts:
 # the shutdown's own bound (a graceful stop, then terminate) and a second.
 STARTS_AT_SHUTDOWN_SECONDS = 7.0
@@ -189,7 +188,7 @@ class ResumeTracker:
         if plan.generators is not None:
             self._check_generators(plan.generators)
         if plan.index_sampler_state is not None and not self.index_sampler_has_state:
-            raise ValueError(_NO_SAMPLER_STATE_METHODS.format(type(self.index_sampler).__name__))
+            raise without_own_state("sampler", self.index_sampler)
         self._pending_state = copy.deepcopy(state)
         self._pending = plan
         self.table = None  # a live iterator's position is no longer the loader's
@@ -337,13 +336,7 @@ class ResumeTracker:
             self.index_sampler.load_state_dict(index_state)  # it has one: load_state_dict
             sampler_iter = self.sampler_iterator()
         if iterator_state is not None:
-            if not has_state_methods(sampler_iter):
-                raise ValueError(
-                    "load_state_dict: the state holds the sampler iterator's own state, but "
-                    f"this loader's {type(self.index_sampler).__name__} gives an iterator "
-                    "without load_state_dict(); build the loader with the sampler that made "
-                    "the state")
-            sampler_iter.load_state_dict(iterator_state)
+            load_own_state(sampler_iter, iterator_state, "sampler iterator")
             return sampler_iter
         if index_state is not None:
             return sampler_iter

@@ -69,6 +69,22 @@ def has_state_methods(obj: Any) -> bool:
     )
 
 
+def without_own_state(what: str, obj: Any) -> ValueError:
+    """The refusal of a state that holds ``what``'s own state (``"sampler"``, ``"sampler
+    iterator"``) for a loader whose ``obj`` has no ``load_state_dict``."""
+    return ValueError(
+        f"load_state_dict: the state holds the {what}'s own state, but this loader's "
+        f"{type(obj).__name__} has no load_state_dict(); build the loader with the sampler that "
+        "made the state")
+
+
+def load_own_state(obj: Any, state: Any, what: str) -> None:
+    """``obj.load_state_dict(state)``, or :func:`without_own_state`'s refusal."""
+    if not has_state_methods(obj):
+        raise without_own_state(what, obj)
+    obj.load_state_dict(state)
+
+
 class StateRecorder:
     """Takes a worker's snapshot after a batch (see the module docstring)."""
 
