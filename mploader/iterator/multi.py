@@ -110,14 +110,14 @@ class MultiProcessIterator(BaseIterator):
             self._pinning = ThreadPoolExecutor(1, thread_name_prefix="mploader-pin")
         # This iterator's number with the loader: its final snapshot counts only if it is the last
         self._followed_as = latest.follow(self) if latest is not None else 1
-        # Collected, it is shut down by the finalizer thread, never where the collector ran (a
-        # thread holding a lock the shutdown takes): mploader.finalizers.
         # With state tracking: the starts the workers sent that this iterator did not read
         # (dropped right after iter()) are the tracker's too, once the shutdown read them.
         starts = None
         if self._tracker is not None:
             starts = StartsAtShutdown(self._tracker, self._table)
             self._tracker.follow_starts(self._await_starts, starts.settled)
+        # Collected, it is shut down by the finalizer thread, never where the collector ran (a
+        # thread holding a lock the shutdown takes): mploader.finalizers.
         self._finalizer = finalizers.finalize(
             self, _shutdown_iterator, self._group, self._channel, self._pinning, self._urgency,
             self._monitor, settings.latest_stats, self._followed_as, starts,
